@@ -1,0 +1,136 @@
+//! What a handler receives besides its message: the open transaction and the delivery's metadata.
+
+use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
+
+use sqlx::{Database, Transaction};
+
+use crate::identity::Identity;
+
+static NO_HEADERS: BTreeMap<String, String> = BTreeMap::new();
+
+/// The guarded transaction of one message, with the message's metadata.
+///
+/// A handler that takes `&mut Context<'_, DB>` as its first parameter gets this; it dereferences to
+/// the open [`sqlx::Transaction`], so `query.execute(&mut **ctx)` runs inside the guarded
+/// transaction.
+pub struct Context<'t, DB: Database> {
+    tx: Transaction<'static, DB>,
+    consumer: &'t str,
+    handler: &'static str,
+    identity: &'t Identity,
+    headers: &'t BTreeMap<String, String>,
+}
+
+impl<'t, DB: Database> Context<'t, DB> {
+    pub(crate) fn new(
+        tx: Transaction<'static, DB>,
+        consumer: &'t str,
+        handler: &'static str,
+        identity: &'t Identity,
+        headers: Option<&'t BTreeMap<String, String>>,
+    ) -> Self {
+        Self {
+            tx,
+            consumer,
+            handler,
+            identity,
+            headers: headers.unwrap_or(&NO_HEADERS),
+        }
+    }
+
+    pub(crate) fn into_transaction(self) -> Transaction<'static, DB> {
+        self.tx
+    }
+
+    /// The consumer group this message is handled for.
+    pub fn consumer(&self) -> &str {
+        self.consumer
+    }
+
+    /// The handler's name: its dedup scope.
+    pub fn handler(&self) -> &'static str {
+        self.handler
+    }
+
+    /// The dedup key read from the message's `key` fields.
+    pub fn message_id(&self) -> &str {
+        self.identity.message_id()
+    }
+
+    /// The aggregate read from the message's `aggregate` field, if the handler names one.
+    pub fn aggregate(&self) -> Option<&str> {
+        self.identity.aggregate()
+    }
+
+    /// The sequence read from the message's `sequence` field, if the handler names one.
+    pub fn sequence(&self) -> Option<i64> {
+        self.identity.sequence()
+    }
+
+    /// The transport headers of the delivery (empty for `Handler::process`).
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        self.headers
+    }
+}
+
+impl<DB: Database> Deref for Context<'_, DB> {
+    type Target = Transaction<'static, DB>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl<DB: Database> DerefMut for Context<'_, DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+/// A type a handler can take (behind `&mut`) as its first parameter to write in the guarded
+/// transaction.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a database handle an inbox handler can take",
+    label = "the first parameter must be a database handle",
+    note = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message"
+)]
+pub trait DatabaseHandle<'t> {
+    /// The database this handle talks to.
+    type Database: crate::Backend;
+
+    /// Borrows this handle out of the guarded context.
+    fn from_context<'c>(ctx: &'c mut Context<'t, Self::Database>) -> &'c mut Self;
+}
+
+impl<'t> DatabaseHandle<'t> for sqlx::PgConnection {
+    type Database = sqlx::Postgres;
+
+    fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Postgres>) -> &'c mut Self {
+        &mut ctx.tx
+    }
+}
+
+impl<'t> DatabaseHandle<'t> for sqlx::SqliteConnection {
+    type Database = sqlx::Sqlite;
+
+    fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Sqlite>) -> &'c mut Self {
+        &mut ctx.tx
+    }
+}
+
+impl<'t, DB: crate::Backend> DatabaseHandle<'t> for Transaction<'static, DB> {
+    type Database = DB;
+
+    fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self {
+        &mut ctx.tx
+    }
+}
+
+impl<'t, DB: crate::Backend> DatabaseHandle<'t> for Context<'t, DB> {
+    type Database = DB;
+
+    fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self {
+        ctx
+    }
+}

@@ -1,0 +1,80 @@
+//! What a broker hands over: a type tag, an id, raw payload bytes and headers.
+
+use std::collections::BTreeMap;
+
+/// One message as delivered, before decoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    message_type: String,
+    id: String,
+    payload: Vec<u8>,
+    headers: BTreeMap<String, String>,
+}
+
+impl Envelope {
+    /// An envelope for a payload of the given type tag. `id` is the transport's id for the
+    /// delivery (used in logs); the dedup key comes from the handler's `key` fields.
+    pub fn new(message_type: impl Into<String>, id: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self {
+            message_type: message_type.into(),
+            id: id.into(),
+            payload,
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// Encodes a message as JSON under its type tag.
+    ///
+    /// ```
+    /// # use inbox_core::{Envelope, Message};
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Ping { id: u32 }
+    /// impl Message for Ping { const TYPE: &'static str = "ping"; }
+    ///
+    /// let envelope = Envelope::encode("d-1", &Ping { id: 7 }).unwrap();
+    /// assert_eq!(envelope.message_type(), "ping");
+    /// assert_eq!(envelope.payload(), br#"{"id":7}"#);
+    /// ```
+    pub fn encode<M: crate::Message>(
+        id: impl Into<String>,
+        message: &M,
+    ) -> Result<Self, crate::Error> {
+        let payload =
+            serde_json::to_vec(message).map_err(|e| crate::Error::Encode(e.to_string()))?;
+        Ok(Self::new(M::TYPE, id, payload))
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// The type tag that selects the handlers.
+    pub fn message_type(&self) -> &str {
+        &self.message_type
+    }
+
+    /// The transport's id for this delivery.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The raw payload bytes, exactly as delivered.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The transport headers.
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.headers
+    }
+
+    /// Decodes the payload as `M`, with an error that names the type and the position of the problem.
+    pub fn decode<M: crate::Message>(&self) -> Result<M, crate::Error> {
+        serde_json::from_slice(&self.payload).map_err(|e| crate::Error::Decode {
+            message_type: self.message_type.clone(),
+            reason: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,104 @@
+//! Errors of the inbox and of user handlers.
+
+use std::fmt;
+
+/// Everything that can go wrong while guarding and handling a message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database failed; the message was not marked processed and can be redelivered.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// The inbox schema could not be applied.
+    #[error("could not apply the inbox schema: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// The handler returned an error; its writes were rolled back and the message stays retryable.
+    #[error("handler `{handler}` failed: {error}")]
+    Handler {
+        /// The handler's name (its dedup scope).
+        handler: &'static str,
+        /// What the handler returned.
+        error: HandlerError,
+    },
+
+    /// The message's key or aggregate field holds a value the inbox cannot store.
+    #[error("invalid {what}: {reason}")]
+    InvalidIdentity {
+        /// `message id` or `aggregate id`.
+        what: &'static str,
+        /// Why the value was refused.
+        reason: String,
+    },
+
+    /// The payload is not a valid encoding of the message type its envelope names.
+    #[error("cannot decode a `{message_type}` payload: {reason}")]
+    Decode {
+        /// The type tag from the envelope.
+        message_type: String,
+        /// The decoder's explanation, with the position of the problem.
+        reason: String,
+    },
+
+    /// A message could not be encoded to compute its payload hash.
+    #[error("cannot encode the message: {0}")]
+    Encode(String),
+
+    /// No handler is registered for the envelope's type tag.
+    #[error("no handler is registered for message type `{0}`")]
+    UnknownMessageType(String),
+}
+
+/// The error a handler returns. Any `std::error::Error + Send + Sync + 'static` converts into it with
+/// `?`, so handlers can use `sqlx` and their own errors directly.
+///
+/// ```
+/// use inbox_core::HandlerError;
+///
+/// fn parse(amount: &str) -> Result<i64, HandlerError> {
+///     Ok(amount.parse::<i64>()?)
+/// }
+/// assert!(parse("12").is_ok());
+/// assert_eq!(parse("x").unwrap_err().to_string(), "invalid digit found in string");
+///
+/// let err = HandlerError::msg("order 7 is closed");
+/// assert_eq!(err.to_string(), "order 7 is closed");
+/// ```
+pub struct HandlerError {
+    inner: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl HandlerError {
+    /// An error carrying only a message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        Self {
+            inner: message.to_string().into(),
+        }
+    }
+
+    /// The underlying error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.inner
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self {
+            inner: Box::new(error),
+        }
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.inner, f)
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}

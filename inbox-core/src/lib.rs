@@ -1,0 +1,40 @@
+//! Core of the `inbox` framework: the message model, the guard and its storage.
+//!
+//! Most users depend on the `inbox` facade crate instead, which re-exports this one.
+#![warn(missing_docs)]
+
+mod backend;
+mod context;
+mod envelope;
+mod error;
+mod guard;
+mod handler;
+mod identity;
+mod message;
+mod outcome;
+
+pub use backend::{Backend, Claim, Claimed, MIGRATIONS_TABLE, sqlite_options};
+pub use context::{Context, DatabaseHandle};
+pub use envelope::Envelope;
+pub use error::{Error, HandlerError};
+pub use guard::process;
+pub use handler::{DEFAULT_CONSUMER, Handler, HandlerResult, Headers};
+pub use identity::{Identity, MAX_ID_LEN};
+pub use message::{Identifier, Message, SequenceNumber};
+pub use outcome::Outcome;
+
+/// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in
+/// their own table, [`MIGRATIONS_TABLE`], apart from the application's).
+pub async fn migrate<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), Error> {
+    Ok(DB::migrate(pool).await?)
+}
+
+/// The inbox schema for `DB` as plain DDL, for teams that run their own migrations.
+///
+/// ```
+/// let ddl = inbox_core::schema::<sqlx::Postgres>();
+/// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS inbox_messages"));
+/// ```
+pub fn schema<DB: Backend>() -> &'static str {
+    DB::schema_sql()
+}

@@ -1,0 +1,45 @@
+//! What the guard decided for one message.
+
+use std::fmt;
+
+/// The result of guarding one message for one handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran and its writes were committed with the dedup record.
+    Processed,
+    /// This message was already handled (or skipped) before; nothing ran.
+    Duplicate,
+    /// The message's sequence is not newer than the last one applied to its aggregate; it was
+    /// recorded and skipped.
+    Stale,
+    /// A message with this id was seen before with a different payload; nothing ran. Such a
+    /// delivery is never applied silently.
+    Conflict,
+}
+
+impl Outcome {
+    /// Every outcome, in declaration order.
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Processed,
+        Outcome::Duplicate,
+        Outcome::Stale,
+        Outcome::Conflict,
+    ];
+
+    /// A stable lower-case name, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Processed => "processed",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale => "stale",
+            Outcome::Conflict => "conflict",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

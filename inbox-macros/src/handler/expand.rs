@@ -1,0 +1,238 @@
+//! Code generation: the handler value, its `Deref` to the original function, and its `Handler`
+//! implementation. The user's function is moved unchanged; only its name changes.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{Attribute, Ident, ItemFn, Lifetime, Type};
+
+use super::ast::HandlerFn;
+use super::attr::Args;
+
+/// Everything the expansion needs, resolved once.
+struct Expansion<'a> {
+    handler: &'a HandlerFn<'a>,
+    args: &'a Args,
+    krate: syn::Path,
+    /// The name of the function moved inside the generated `const _` block.
+    inner: Ident,
+}
+
+pub fn handler(args: &Args, handler: &HandlerFn<'_>) -> TokenStream {
+    let expansion = Expansion {
+        handler,
+        args,
+        krate: args
+            .krate
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(::inbox)),
+        inner: Ident::new("__inbox_handler", Span::call_site()),
+    };
+    expansion.tokens()
+}
+
+impl Expansion<'_> {
+    fn tokens(&self) -> TokenStream {
+        let original = self.handler.original;
+        let vis = &original.vis;
+        let name = &original.sig.ident;
+        let docs = attrs_where(original, |attr| attr.path().is_ident("doc"));
+        let cfgs = attrs_where(original, is_cfg);
+        let inner_fn = self.inner_fn();
+        let deref = self.deref_impl();
+        let handler = self.handler_impl();
+        quote! {
+            #(#docs)*
+            #(#cfgs)*
+            #[allow(non_camel_case_types)]
+            #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug)]
+            #vis struct #name;
+
+            #(#cfgs)*
+            const _: () = {
+                #inner_fn
+                #deref
+                #handler
+            };
+        }
+    }
+
+    /// The user's function, renamed, with its body, spans and other attributes untouched.
+    fn inner_fn(&self) -> ItemFn {
+        let mut inner = self.handler.original.clone();
+        inner.sig.ident = self.inner.clone();
+        inner.vis = syn::Visibility::Inherited;
+        inner
+            .attrs
+            .retain(|attr| !attr.path().is_ident("doc") && !is_cfg(attr));
+        inner
+    }
+
+    /// Makes the handler value callable like the original function (unguarded), returning a boxed
+    /// future.
+    fn deref_impl(&self) -> TokenStream {
+        let krate = &self.krate;
+        let name = &self.handler.original.sig.ident;
+        let inner = &self.inner;
+        let message = self.handler.message;
+        let output = self.handler.output;
+        let (fn_ptr, boxed) = match self.handler.database {
+            Some(database) => {
+                let handle = &database.elem;
+                (
+                    quote!(for<'__inbox_c> fn(&'__inbox_c mut #handle, #message) -> #krate::__private::BoxFuture<'__inbox_c, #output>),
+                    quote! {
+                        fn __inbox_boxed<'__inbox_c>(
+                            handle: &'__inbox_c mut #handle,
+                            message: #message,
+                        ) -> #krate::__private::BoxFuture<'__inbox_c, #output> {
+                            ::std::boxed::Box::pin(#inner(handle, message))
+                        }
+                    },
+                )
+            }
+            None => (
+                quote!(fn(#message) -> #krate::__private::BoxFuture<'static, #output>),
+                quote! {
+                    fn __inbox_boxed(message: #message) -> #krate::__private::BoxFuture<'static, #output> {
+                        ::std::boxed::Box::pin(#inner(message))
+                    }
+                },
+            ),
+        };
+        quote! {
+            #boxed
+
+            #[automatically_derived]
+            impl ::core::ops::Deref for #name {
+                type Target = #fn_ptr;
+
+                fn deref(&self) -> &Self::Target {
+                    const __INBOX_FN: #fn_ptr = __inbox_boxed;
+                    &__INBOX_FN
+                }
+            }
+        }
+    }
+
+    fn handler_impl(&self) -> TokenStream {
+        let krate = &self.krate;
+        let name = &self.handler.original.sig.ident;
+        let message = self.handler.message;
+        let handler_name = self.handler_name();
+        let identity = self.identity();
+        let call = self.call();
+        let (generics, database) = match self.handler.database {
+            Some(database) => (quote!(), database_of(krate, &database.elem)),
+            None => (
+                quote!(<__InboxDb: #krate::__private::Backend>),
+                quote!(__InboxDb),
+            ),
+        };
+        quote! {
+            #[automatically_derived]
+            impl #generics #krate::__private::Handler<#database> for #name {
+                type Message = #message;
+
+                fn name(&self) -> &'static str {
+                    #handler_name
+                }
+
+                fn identity(
+                    &self,
+                    message: &#message,
+                ) -> ::core::result::Result<#krate::__private::Identity, #krate::__private::Error> {
+                    #identity
+                }
+
+                fn handle<'__inbox_c, '__inbox_t>(
+                    &'__inbox_c self,
+                    ctx: &'__inbox_c mut #krate::__private::Context<'__inbox_t, #database>,
+                    message: #message,
+                ) -> #krate::__private::BoxFuture<
+                    '__inbox_c,
+                    ::core::result::Result<(), #krate::__private::HandlerError>,
+                > {
+                    ::std::boxed::Box::pin(async move { #call })
+                }
+            }
+        }
+    }
+
+    /// `name = "..."`, or the function's name.
+    fn handler_name(&self) -> String {
+        match &self.args.name {
+            Some(name) => name.value(),
+            None => self.handler.original.sig.ident.unraw().to_string(),
+        }
+    }
+
+    /// Reads the key, aggregate and sequence fields; each access is spanned at the string literal
+    /// that named the field, so a missing field or an unusable type is reported there.
+    fn identity(&self) -> TokenStream {
+        let krate = &self.krate;
+        let keys = self.args.key.iter().flat_map(|(_, fields)| fields).map(|field| {
+            quote_spanned!(field.span()=> #krate::__private::Identifier::to_identifier(&message.#field))
+        });
+        let aggregate = match &self.args.aggregate {
+            Some(field) => quote_spanned!(field.span()=>
+                ::core::option::Option::Some(#krate::__private::Identifier::to_identifier(&message.#field))),
+            None => quote!(::core::option::Option::None),
+        };
+        let sequence = match &self.args.sequence {
+            Some(field) => quote_spanned!(field.span()=>
+                ::core::option::Option::Some(#krate::__private::SequenceNumber::to_sequence(&message.#field))),
+            None => quote!(::core::option::Option::None),
+        };
+        quote!(#krate::__private::Identity::new(&[#(#keys),*], #aggregate, #sequence))
+    }
+
+    /// Calls the moved function with the handle borrowed from the context; the conversions are
+    /// spanned at the user's parameter and return types so trait errors land there.
+    fn call(&self) -> TokenStream {
+        let krate = &self.krate;
+        let inner = &self.inner;
+        let output = self.handler.output;
+        let invocation = match self.handler.database {
+            Some(database) => {
+                let handle = &database.elem;
+                let borrow = quote_spanned!(handle.span()=>
+                    <#handle as #krate::__private::DatabaseHandle<'__inbox_t>>::from_context(ctx));
+                quote!(#inner(#borrow, message))
+            }
+            None => quote!({
+                let _ = ctx;
+                #inner(message)
+            }),
+        };
+        quote_spanned!(output.span()=>
+            #krate::__private::HandlerResult::into_handler_result(#invocation.await))
+    }
+}
+
+/// `<Handle<'static> as DatabaseHandle<'static>>::Database`: the database a handle type talks to,
+/// named in the impl header where elided lifetimes are not allowed.
+fn database_of(krate: &syn::Path, handle: &Type) -> TokenStream {
+    let mut handle = handle.clone();
+    StaticLifetimes.visit_type_mut(&mut handle);
+    quote_spanned!(handle.span()=>
+        <#handle as #krate::__private::DatabaseHandle<'static>>::Database)
+}
+
+struct StaticLifetimes;
+
+impl VisitMut for StaticLifetimes {
+    fn visit_lifetime_mut(&mut self, lifetime: &mut Lifetime) {
+        *lifetime = Lifetime::new("'static", lifetime.span());
+    }
+}
+
+fn attrs_where(original: &ItemFn, keep: impl Fn(&Attribute) -> bool) -> Vec<&Attribute> {
+    original.attrs.iter().filter(|attr| keep(attr)).collect()
+}
+
+fn is_cfg(attr: &Attribute) -> bool {
+    attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr")
+}

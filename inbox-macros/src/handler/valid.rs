@@ -1,0 +1,68 @@
+//! Rules across arguments and the function's shape, one small function each.
+
+use proc_macro2::Span;
+use syn::ItemFn;
+
+use super::attr::Args;
+use crate::ctxt::Ctxt;
+
+/// Runs every check, recording all failures in `cx`.
+pub fn check(cx: &Ctxt, args: &Args, original: &ItemFn) {
+    check_async(cx, original);
+    check_not_generic(cx, original);
+    check_key(cx, args);
+    check_sequence_has_aggregate(cx, args);
+    check_name(cx, args);
+}
+
+fn check_async(cx: &Ctxt, original: &ItemFn) {
+    if original.sig.asyncness.is_none() {
+        let message = "an inbox handler must be an `async fn`; add `async` before `fn`";
+        cx.error_spanned_by(original.sig.fn_token, message);
+    }
+}
+
+fn check_not_generic(cx: &Ctxt, original: &ItemFn) {
+    let generics = &original.sig.generics;
+    if !generics.params.is_empty() || generics.where_clause.is_some() {
+        let message =
+            "an inbox handler cannot be generic; write it for one message type and one database";
+        cx.error_spanned_by(generics, message);
+    }
+}
+
+fn check_key(cx: &Ctxt, args: &Args) {
+    let Some((written, fields)) = &args.key else {
+        let message = "missing `key`: name the field that identifies a message, like `#[inbox_handler(key = \"event_id\")]`";
+        return cx.syn_error(syn::Error::new(Span::call_site(), message));
+    };
+    if fields.is_empty() && matches!(written, syn::Expr::Array(_)) {
+        let message =
+            "`key` names no field; list at least one, like `key = [\"tenant\", \"event_id\"]`";
+        cx.error_spanned_by(written, message);
+    }
+    for (i, field) in fields.iter().enumerate() {
+        if fields[..i].contains(field) {
+            let message = format!("field `{field}` is listed twice in `key`");
+            cx.error_spanned_by(field, message);
+        }
+    }
+}
+
+fn check_sequence_has_aggregate(cx: &Ctxt, args: &Args) {
+    if let (Some(sequence), None) = (&args.sequence, &args.aggregate) {
+        let message = "`sequence` needs `aggregate`: sequences are compared per aggregate; add `aggregate = \"<field>\"`";
+        cx.error_spanned_by(sequence, message);
+    }
+}
+
+fn check_name(cx: &Ctxt, args: &Args) {
+    if let Some(name) = &args.name
+        && name.value().trim().is_empty()
+    {
+        cx.error_spanned_by(
+            name,
+            "`name` is empty; it is the handler's dedup scope and must say which handler this is",
+        );
+    }
+}

@@ -1,0 +1,121 @@
+//! `#[derive(Message)]`: a stable type tag for a struct with named fields.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::{Data, DeriveInput, Fields, LitStr};
+
+use crate::attr::{Attr, crate_path, for_each_arg, string_value};
+use crate::ctxt::Ctxt;
+use crate::symbol::{self, CRATE, MESSAGE, NAME};
+
+/// The derive's input after validation.
+struct MessageType<'a> {
+    original: &'a DeriveInput,
+    name: Option<LitStr>,
+    krate: Option<syn::Path>,
+}
+
+pub fn expand(item: TokenStream) -> TokenStream {
+    let input: DeriveInput = match syn::parse2(item) {
+        Ok(input) => input,
+        Err(error) => return error.into_compile_error(),
+    };
+    match MessageType::from_syn(&input) {
+        Ok(message) => message.tokens(),
+        Err(error) => error.into_compile_error(),
+    }
+}
+
+impl<'a> MessageType<'a> {
+    fn from_syn(original: &'a DeriveInput) -> syn::Result<Self> {
+        let cx = Ctxt::new();
+        let mut name = Attr::none(&cx, NAME);
+        let mut krate = Attr::none(&cx, CRATE);
+        for attr in original
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident(MESSAGE.0))
+        {
+            let args = match attr.meta.require_list() {
+                Ok(list) => list.tokens.clone(),
+                Err(error) => {
+                    cx.syn_error(error);
+                    continue;
+                }
+            };
+            for_each_arg(&cx, args, symbol::MESSAGE_ARGS, |arg, pair| match arg {
+                NAME => {
+                    if let Some(lit) = type_tag(&cx, &pair.value) {
+                        name.set(&pair.path, lit);
+                    }
+                }
+                _ => {
+                    if let Some(path) = crate_path(&cx, &pair.value) {
+                        krate.set(&pair.path, path);
+                    }
+                }
+            });
+        }
+        check_shape(&cx, original);
+        let (name, krate) = (name.get(), krate.get());
+        cx.check()?;
+        Ok(Self {
+            original,
+            name,
+            krate,
+        })
+    }
+
+    fn tokens(&self) -> TokenStream {
+        let ident = &self.original.ident;
+        let krate = self
+            .krate
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(::inbox));
+        let tag = match &self.name {
+            Some(name) => name.value(),
+            None => ident.to_string(),
+        };
+        quote! {
+            #[automatically_derived]
+            impl #krate::__private::Message for #ident {
+                const TYPE: &'static str = #tag;
+            }
+        }
+    }
+}
+
+fn type_tag(cx: &Ctxt, value: &syn::Expr) -> Option<LitStr> {
+    let lit = string_value(cx, NAME, value)?;
+    if lit.value().trim().is_empty() {
+        cx.error_spanned_by(&lit, "the message `name` is empty; it is the type tag envelopes carry, like `name = \"order.paid\"`");
+        return None;
+    }
+    Some(lit)
+}
+
+/// A message is a concrete struct with named fields: handlers name its fields in `key`,
+/// `sequence` and `aggregate`, and its type tag must mean one type.
+fn check_shape(cx: &Ctxt, original: &DeriveInput) {
+    if !original.generics.params.is_empty() {
+        let message = "a message type cannot be generic: its type tag must name one type; use a concrete struct";
+        cx.error_spanned_by(&original.generics, message);
+    }
+    let fields = match &original.data {
+        Data::Struct(data) => &data.fields,
+        Data::Enum(data) => {
+            let message = "`Message` cannot be derived for an enum: handlers read the key from named fields; derive it on a struct per event (or on a struct holding the enum)";
+            return cx.error_spanned_by(data.enum_token, message);
+        }
+        Data::Union(data) => {
+            return cx.error_spanned_by(
+                data.union_token,
+                "`Message` cannot be derived for a union; use a struct with named fields",
+            );
+        }
+    };
+    if !matches!(fields, Fields::Named(_)) {
+        let message = "`Message` needs a struct with named fields: handlers name the fields that hold the key, like `struct OrderPaid { event_id: Uuid, .. }`";
+        cx.error_spanned_by(&original.ident, message);
+    }
+}

@@ -1,0 +1,65 @@
+//! Putting an inbox together: pool, consumer group, handlers, workers.
+
+use std::sync::Arc;
+
+use inbox_core::{Backend, DEFAULT_CONSUMER, Handler};
+use sqlx::Pool;
+
+use crate::inbox::Inbox;
+use crate::registry::{BuildError, Registry};
+use crate::route::{HandlerRoute, Route};
+
+/// The default number of workers of [`Inbox::run`].
+pub const DEFAULT_WORKERS: usize = 4;
+
+/// Builds an [`Inbox`]; start with [`Inbox::builder`].
+pub struct InboxBuilder<DB: Backend> {
+    pool: Pool<DB>,
+    consumer: String,
+    workers: usize,
+    routes: Vec<Arc<dyn Route<DB>>>,
+}
+
+impl<DB: Backend> InboxBuilder<DB> {
+    pub(crate) fn new(pool: Pool<DB>) -> Self {
+        Self {
+            pool,
+            consumer: DEFAULT_CONSUMER.to_owned(),
+            workers: DEFAULT_WORKERS,
+            routes: Vec::new(),
+        }
+    }
+
+    /// The consumer group: dedup and ordering are scoped per consumer and handler, so two
+    /// services consuming the same stream each handle every message once.
+    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
+        self.consumer = consumer.into();
+        self
+    }
+
+    /// How many messages are handled concurrently by [`Inbox::run`] (at least 1). Messages of one
+    /// aggregate always go to the same worker, in delivery order.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self
+    }
+
+    /// Registers a handler for its message type. Several handlers may take one type; each is
+    /// called, with its own dedup scope.
+    pub fn handler<H: Handler<DB>>(mut self, handler: H) -> Self {
+        self.routes.push(Arc::new(HandlerRoute(Arc::new(handler))));
+        self
+    }
+
+    /// Checks the registrations and that the inbox schema is in place.
+    pub async fn build(self) -> Result<Inbox<DB>, BuildError> {
+        if self.consumer.trim().is_empty() {
+            return Err(BuildError::EmptyConsumer);
+        }
+        let registry = Registry::new(self.routes)?;
+        DB::check_schema(&self.pool)
+            .await
+            .map_err(BuildError::Schema)?;
+        Ok(Inbox::new(self.pool, self.consumer, self.workers, registry))
+    }
+}

@@ -1,0 +1,168 @@
+//! The runtime: dispatch of one envelope, and the worker loop over a source.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use inbox_core::{Backend, Envelope, Error, Outcome};
+use sqlx::Pool;
+
+use crate::builder::InboxBuilder;
+use crate::registry::Registry;
+use crate::route::{Handled, Job};
+use crate::source::{Delivery, Source, SourceError};
+use crate::worker;
+
+/// A consumer of messages: a pool, a consumer group and its handlers.
+///
+/// Cheap to clone; clones share everything.
+pub struct Inbox<DB: Backend> {
+    shared: Arc<Shared<DB>>,
+}
+
+impl<DB: Backend> Clone for Inbox<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+pub(crate) struct Shared<DB: Backend> {
+    pub(crate) pool: Pool<DB>,
+    pub(crate) consumer: String,
+    pub(crate) workers: usize,
+    registry: Registry<DB>,
+}
+
+/// Why [`Inbox::run`] stopped before its source ended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The source failed.
+    #[error("the source failed: {0}")]
+    Source(SourceError),
+
+    /// A delivery could not be routed or decoded (unknown type, malformed payload, invalid id). It
+    /// was handed back to the broker unacknowledged, and the run stopped so that it is not lost.
+    #[error("delivery `{id}` of type `{message_type}` was refused: {error}")]
+    Refused {
+        /// The transport id of the delivery.
+        id: String,
+        /// Its type tag.
+        message_type: String,
+        /// What was wrong with it.
+        error: Error,
+    },
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// Handler outcomes by kind, over all deliveries.
+    pub outcomes: BTreeMap<&'static str, u64>,
+    /// Deliveries acknowledged.
+    pub acked: u64,
+    /// Deliveries handed back for redelivery because a handler or the database failed.
+    pub failed: u64,
+}
+
+impl RunReport {
+    /// How many handler calls ended with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> u64 {
+        self.outcomes.get(outcome.as_str()).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn merge(&mut self, other: RunReport) {
+        for (outcome, count) in other.outcomes {
+            *self.outcomes.entry(outcome).or_default() += count;
+        }
+        self.acked += other.acked;
+        self.failed += other.failed;
+    }
+}
+
+impl<DB: Backend> Inbox<DB> {
+    /// Starts building an inbox on `pool`.
+    pub fn builder(pool: Pool<DB>) -> InboxBuilder<DB> {
+        InboxBuilder::new(pool)
+    }
+
+    pub(crate) fn new(
+        pool: Pool<DB>,
+        consumer: String,
+        workers: usize,
+        registry: Registry<DB>,
+    ) -> Self {
+        let shared = Shared {
+            pool,
+            consumer,
+            workers,
+            registry,
+        };
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// The consumer group.
+    pub fn consumer(&self) -> &str {
+        &self.shared.consumer
+    }
+
+    /// Decodes `envelope` and runs every handler of its type, each guarded in its own transaction.
+    ///
+    /// Every handler runs even if another fails; the first failure is returned, and redelivering
+    /// the envelope retries the failed handlers while the others report [`Outcome::Duplicate`].
+    pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
+        let jobs = self.shared.registry.prepare(envelope)?;
+        self.shared.execute(jobs, envelope).await
+    }
+
+    /// Consumes `source` until it ends; see [`Inbox::run_until`].
+    pub async fn run<S: Source>(&self, source: S) -> Result<RunReport, RunError> {
+        self.run_until(source, std::future::pending()).await
+    }
+
+    /// Consumes `source` with the configured number of workers until it ends or `shutdown`
+    /// completes. Each delivery is acknowledged after its handlers committed, or handed back for
+    /// redelivery if one failed. Messages of one aggregate go to one worker, in order. On shutdown
+    /// no new delivery is pulled; the ones already pulled are finished and settled.
+    pub async fn run_until<S: Source>(
+        &self,
+        source: S,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<RunReport, RunError> {
+        worker::run(Arc::clone(&self.shared), source, shutdown).await
+    }
+}
+
+impl<DB: Backend> Shared<DB> {
+    pub(crate) fn prepare(&self, delivery: &Delivery) -> Result<Vec<Box<dyn Job<DB>>>, Error> {
+        self.registry.prepare(delivery.envelope())
+    }
+
+    pub(crate) async fn execute(
+        &self,
+        jobs: Vec<Box<dyn Job<DB>>>,
+        envelope: &Envelope,
+    ) -> Result<Vec<Handled>, Error> {
+        let mut handled = Vec::with_capacity(jobs.len());
+        let mut first_error = None;
+        for job in jobs {
+            match job
+                .run(&self.pool, &self.consumer, envelope.headers())
+                .await
+            {
+                Ok(done) => handled.push(done),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(handled),
+        }
+    }
+}

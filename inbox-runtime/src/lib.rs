@@ -1,0 +1,17 @@
+//! Runtime of the `inbox` framework: a registry of handlers by message type, dispatch of
+//! envelopes, and workers that consume a [`Source`] with per-aggregate ordering, acknowledging each
+//! delivery only after its transaction committed.
+#![warn(missing_docs)]
+
+mod builder;
+mod inbox;
+mod registry;
+mod route;
+mod source;
+mod worker;
+
+pub use builder::{DEFAULT_WORKERS, InboxBuilder};
+pub use inbox::{Inbox, RunError, RunReport};
+pub use registry::BuildError;
+pub use route::Handled;
+pub use source::{Acknowledge, Delivery, MemoryBroker, MemorySource, Source, SourceError};

@@ -1,0 +1,67 @@
+//! The handlers of one inbox, by message type tag.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use inbox_core::{Backend, Envelope, Error};
+
+use crate::route::{Job, Route};
+
+/// An error in how an inbox was put together, found by [`crate::InboxBuilder::build`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Two registrations share a handler name, so they would share one dedup scope.
+    #[error(
+        "handler `{name}` is registered twice (for `{first}` and `{second}`); each handler is its own dedup scope, so register it once or give the other one a distinct `name = \"...\"`"
+    )]
+    DuplicateHandler {
+        /// The shared name.
+        name: &'static str,
+        /// The message type of the first registration.
+        first: &'static str,
+        /// The message type of the second registration.
+        second: &'static str,
+    },
+
+    /// The consumer name is empty.
+    #[error("the consumer name is empty; name the consumer group, like `.consumer(\"billing\")`")]
+    EmptyConsumer,
+
+    /// The inbox tables are missing or unreachable.
+    #[error("the inbox schema is missing or unreachable ({0}); run `inbox::migrate(&pool)` first")]
+    Schema(#[source] sqlx::Error),
+}
+
+/// Message type tag → the handlers of that type, in registration order.
+pub(crate) struct Registry<DB: Backend> {
+    routes: HashMap<&'static str, Vec<Arc<dyn Route<DB>>>>,
+}
+
+impl<DB: Backend> Registry<DB> {
+    /// Builds the registry, refusing two routes with one handler name.
+    pub(crate) fn new(routes: Vec<Arc<dyn Route<DB>>>) -> Result<Self, BuildError> {
+        let mut by_name: HashMap<&'static str, &'static str> = HashMap::new();
+        let mut by_type: HashMap<&'static str, Vec<Arc<dyn Route<DB>>>> = HashMap::new();
+        for route in routes {
+            if let Some(first) = by_name.insert(route.name(), route.message_type()) {
+                return Err(BuildError::DuplicateHandler {
+                    name: route.name(),
+                    first,
+                    second: route.message_type(),
+                });
+            }
+            by_type.entry(route.message_type()).or_default().push(route);
+        }
+        Ok(Self { routes: by_type })
+    }
+
+    /// Decodes `envelope` once for each handler of its type.
+    pub(crate) fn prepare(&self, envelope: &Envelope) -> Result<Vec<Box<dyn Job<DB>>>, Error> {
+        let routes = self
+            .routes
+            .get(envelope.message_type())
+            .ok_or_else(|| Error::UnknownMessageType(envelope.message_type().to_owned()))?;
+        routes.iter().map(|route| route.prepare(envelope)).collect()
+    }
+}

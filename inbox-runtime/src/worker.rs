@@ -1,0 +1,136 @@
+//! The worker loop: one router pulls deliveries and hands each to the worker that owns its
+//! aggregate; workers guard, commit, then settle with the broker.
+
+use std::future::Future;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use inbox_core::Backend;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::inbox::{RunError, RunReport, Shared};
+use crate::route::Job;
+use crate::source::{Delivery, Source};
+
+/// Deliveries queued per worker before the router waits: bounds the work pulled but not done.
+const QUEUE_PER_WORKER: usize = 16;
+
+struct Work<DB: Backend> {
+    delivery: Delivery,
+    jobs: Vec<Box<dyn Job<DB>>>,
+}
+
+pub(crate) async fn run<DB: Backend, S: Source>(
+    shared: Arc<Shared<DB>>,
+    mut source: S,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<RunReport, RunError> {
+    let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
+        .map(|_| spawn_worker(Arc::clone(&shared)))
+        .unzip();
+    let routed = route(&shared, &mut source, &queues, shutdown).await;
+    drop(queues);
+    let mut report = RunReport::default();
+    for worker in workers {
+        match worker.await {
+            Ok(done) => report.merge(done),
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+    routed.map(|()| report)
+}
+
+/// Pulls deliveries until the source ends, `shutdown` completes, or a delivery is refused.
+async fn route<DB: Backend, S: Source>(
+    shared: &Shared<DB>,
+    source: &mut S,
+    queues: &[mpsc::Sender<Work<DB>>],
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    tokio::pin!(shutdown);
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = &mut shutdown => return Ok(()),
+            next = source.next() => next.map_err(RunError::Source)?,
+        };
+        let Some(delivery) = next else {
+            return Ok(());
+        };
+        let jobs = match shared.prepare(&delivery) {
+            Ok(jobs) => jobs,
+            Err(error) => return Err(refuse(delivery, error).await),
+        };
+        let queue = &queues[worker_for(&jobs, &delivery, queues.len())];
+        if queue.send(Work { delivery, jobs }).await.is_err() {
+            // The worker is gone only if it panicked; joining it re-raises that panic.
+            return Ok(());
+        }
+    }
+}
+
+/// Hands a delivery that cannot be handled back to the broker and says why.
+async fn refuse(delivery: Delivery, error: inbox_core::Error) -> RunError {
+    let id = delivery.envelope().id().to_owned();
+    let message_type = delivery.envelope().message_type().to_owned();
+    if let Err(nack) = delivery.nack().await {
+        tracing::warn!(%id, %nack, "could not hand a refused delivery back to the broker");
+    }
+    RunError::Refused {
+        id,
+        message_type,
+        error,
+    }
+}
+
+/// The worker that owns the delivery's aggregate (or, without one, its id).
+fn worker_for<DB: Backend>(
+    jobs: &[Box<dyn Job<DB>>],
+    delivery: &Delivery,
+    workers: usize,
+) -> usize {
+    let key = jobs
+        .iter()
+        .find_map(|job| job.aggregate())
+        .unwrap_or(delivery.envelope().id());
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % workers as u64) as usize
+}
+
+fn spawn_worker<DB: Backend>(
+    shared: Arc<Shared<DB>>,
+) -> (mpsc::Sender<Work<DB>>, JoinHandle<RunReport>) {
+    let (queue, work) = mpsc::channel(QUEUE_PER_WORKER);
+    (queue, tokio::spawn(handle_all(shared, work)))
+}
+
+/// Handles queued deliveries in order until the router closes the queue.
+async fn handle_all<DB: Backend>(
+    shared: Arc<Shared<DB>>,
+    mut work: mpsc::Receiver<Work<DB>>,
+) -> RunReport {
+    let mut report = RunReport::default();
+    while let Some(Work { delivery, jobs }) = work.recv().await {
+        match shared.execute(jobs, delivery.envelope()).await {
+            Ok(handled) => {
+                for done in handled {
+                    *report.outcomes.entry(done.outcome.as_str()).or_default() += 1;
+                }
+                report.acked += 1;
+                if let Err(error) = delivery.ack().await {
+                    tracing::warn!(%error, "ack failed; the broker will redeliver and the inbox will see a duplicate");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(id = delivery.envelope().id(), %error, "handling failed; handing the delivery back");
+                report.failed += 1;
+                if let Err(error) = delivery.nack().await {
+                    tracing::warn!(%error, "nack failed; the broker will redeliver after its timeout");
+                }
+            }
+        }
+    }
+    report
+}

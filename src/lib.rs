@@ -1,0 +1,82 @@
+//! # inbox
+//!
+//! Effectively-once message handlers. Brokers deliver at least once; `inbox` wraps a plain
+//! `async fn` in one database transaction that records the message's identity under a unique
+//! constraint, guards per-aggregate ordering with a sequence number, runs the handler's own writes,
+//! and commits before the delivery is acknowledged. Duplicates become harmless and stale events are
+//! skipped.
+//!
+//! ```
+//! use inbox::prelude::*;
+//!
+//! #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+//! #[message(name = "order.paid")]
+//! struct OrderPaid { event_id: Uuid, order_id: String, sequence: i64, amount: i64 }
+//!
+//! #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id")]
+//! async fn mark_paid(tx: &mut sqlx::SqliteConnection, msg: OrderPaid) -> Result<(), HandlerError> {
+//!     sqlx::query("UPDATE orders SET paid = paid + $1 WHERE id = $2")
+//!         .bind(msg.amount).bind(msg.order_id).execute(&mut *tx).await?;
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! inbox::migrate(&pool).await?;
+//! sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, paid INTEGER NOT NULL)").execute(&pool).await?;
+//! sqlx::query("INSERT INTO orders VALUES ('o-1', 0)").execute(&pool).await?;
+//!
+//! let paid = OrderPaid { event_id: Uuid::new_v4(), order_id: "o-1".into(), sequence: 1, amount: 30 };
+//! assert_eq!(mark_paid.process(&pool, paid.clone()).await?, Outcome::Processed);
+//! assert_eq!(mark_paid.process(&pool, paid).await?, Outcome::Duplicate);
+//!
+//! let paid: i64 = sqlx::query_scalar("SELECT paid FROM orders").fetch_one(&pool).await?;
+//! assert_eq!(paid, 30);
+//! # Ok(()) }
+//! ```
+//!
+//! ## `#[inbox_handler(...)]`
+//!
+//! | argument | meaning |
+//! | --- | --- |
+//! | `key = "field"` or `key = ["a", "b"]` (required) | the dedup identity, read from the message's fields |
+//! | `sequence = "field"` | an integer field; per aggregate, a message whose sequence is not newer than the last applied one is skipped as [`Outcome::Stale`] |
+//! | `aggregate = "field"` | the ordering stream, and the unit of serialization: handlers of one aggregate never run concurrently |
+//! | `ordering = "monotonic"` | the default: newer sequences apply, gaps are allowed |
+//! | `name = "..."` | the handler's stable dedup scope; default: the function's name. **Renaming the function without setting `name` starts a new scope, in which every message is new again.** |
+//! | `crate = "path"` | where generated code finds this crate, for re-exporting crates |
+//!
+//! The first parameter names the database: `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`,
+//! `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>` (the transaction plus the
+//! message's metadata). A handler may also take only the message. The annotated name stays callable
+//! as the plain, unguarded function for unit tests, and is a value implementing [`Handler`] for
+//! [`Handler::process`] and [`Inbox::builder`].
+#![warn(missing_docs)]
+
+pub use inbox_core::{
+    Backend, Context, DEFAULT_CONSUMER, DatabaseHandle, Envelope, Error, Handler, HandlerError,
+    Headers, Identifier, Identity, MAX_ID_LEN, MIGRATIONS_TABLE, Message, Outcome, SequenceNumber,
+    migrate, schema, sqlite_options,
+};
+pub use inbox_macros::{Message, inbox_handler};
+pub use inbox_runtime::*;
+
+/// Everything a handler module needs: `use inbox::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        Context, Envelope, Handler, HandlerError, Inbox, Message, Outcome, inbox_handler,
+    };
+    pub use serde::{Deserialize, Serialize};
+    pub use uuid::Uuid;
+}
+
+/// Items the macros' generated code names. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use futures::future::BoxFuture;
+    pub use inbox_core::{
+        Backend, Context, DatabaseHandle, Error, Handler, HandlerError, HandlerResult, Identifier,
+        Identity, Message, SequenceNumber,
+    };
+}
