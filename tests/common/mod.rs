@@ -1,0 +1,72 @@
+//! Real databases for the behaviour tests: a fresh SQLite file per test, and a fresh PostgreSQL
+//! schema per test when `INBOX_TEST_POSTGRES_URL` is set (required when `CI=true`).
+
+#![allow(dead_code)]
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
+
+/// The variable that points the tests at a PostgreSQL server.
+pub const POSTGRES_URL_VAR: &str = "INBOX_TEST_POSTGRES_URL";
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn unique(test: &str) -> String {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{test}_{}_{n}_{nanos}", std::process::id())
+}
+
+pub mod ledger;
+pub mod queries;
+
+/// A migrated SQLite database in a new file (always available; `Option` to match [`postgres`]).
+pub async fn sqlite(test: &str) -> Option<SqlitePool> {
+    let path = std::env::temp_dir().join(format!("inbox_{}.db", unique(test)));
+    let url = format!("sqlite://{}", path.display());
+    let options = inbox::sqlite_options(&url).expect("valid SQLite URL");
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open SQLite");
+    inbox::migrate(&pool).await.expect("migrate SQLite");
+    Some(pool)
+}
+
+/// A migrated PostgreSQL schema of its own, or `None` (with a line saying so) when no server is
+/// configured. Under `CI=true` a missing server fails the test instead.
+pub async fn postgres(test: &str) -> Option<PgPool> {
+    let Ok(url) = std::env::var(POSTGRES_URL_VAR) else {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{POSTGRES_URL_VAR} is not set, and CI must run the PostgreSQL tests");
+        }
+        eprintln!("SKIPPED on PostgreSQL: {test} (set {POSTGRES_URL_VAR}=postgres://... to run it)");
+        return None;
+    };
+    let schema = unique(test).to_lowercase();
+    let mut admin = PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
+        .execute(&mut admin)
+        .await
+        .expect("create test schema");
+    let options = PgConnectOptions::from_str(&url)
+        .expect("valid PostgreSQL URL")
+        .options([("search_path", schema.as_str())]);
+    let pool = PgPoolOptions::new()
+        .max_connections(24)
+        .connect_with(options)
+        .await
+        .expect("connect PostgreSQL");
+    inbox::migrate(&pool).await.expect("migrate PostgreSQL");
+    Some(pool)
+}

@@ -1,0 +1,71 @@
+//! Reads of the ledger and of the inbox tables, for assertions. Defined per database by
+//! `ledger_queries!`, next to the handlers of `ledger_handlers!`.
+
+/// Defines `setup`, `balance`, `applied`, `status`, `last_sequence`, `freeze` for `Pool<$db>`.
+macro_rules! ledger_queries {
+    ($db:ty) => {
+        pub type Pool = sqlx::Pool<$db>;
+
+        /// Creates the ledger's tables.
+        pub async fn setup(pool: &Pool) {
+            for ddl in $crate::common::ledger::LEDGER_TABLES {
+                sqlx::query(ddl).execute(pool).await.expect("create ledger table");
+            }
+        }
+
+        pub async fn balance(pool: &Pool, account: &str) -> i64 {
+            sqlx::query_scalar("SELECT COALESCE(MAX(balance), 0) FROM accounts WHERE id = $1")
+                .bind(account.to_owned())
+                .fetch_one(pool)
+                .await
+                .expect("read balance")
+        }
+
+        /// `(sequence, event_id)` of the events applied to `account`, in application order.
+        pub async fn applied(pool: &Pool, account: &str) -> Vec<(i64, String)> {
+            sqlx::query_as("SELECT sequence, event_id FROM applied WHERE account = $1 ORDER BY position")
+                .bind(account.to_owned())
+                .fetch_all(pool)
+                .await
+                .expect("read applied")
+        }
+
+        pub async fn count(pool: &Pool, table: &'static str) -> i64 {
+            let sql = match table {
+                "applied" => "SELECT COUNT(*) FROM applied",
+                "audit_log" => "SELECT COUNT(*) FROM audit_log",
+                _ => "SELECT COUNT(*) FROM inbox_messages",
+            };
+            sqlx::query_scalar(sql).fetch_one(pool).await.expect("count rows")
+        }
+
+        /// The inbox status recorded for `message_id` under `handler`, if any.
+        pub async fn status(pool: &Pool, handler: &str, message_id: &str) -> Option<String> {
+            sqlx::query_scalar("SELECT status FROM inbox_messages WHERE handler = $1 AND message_id = $2")
+                .bind(handler.to_owned())
+                .bind(message_id.to_owned())
+                .fetch_optional(pool)
+                .await
+                .expect("read inbox status")
+        }
+
+        pub async fn last_sequence(pool: &Pool, handler: &str, account: &str) -> Option<i64> {
+            sqlx::query_scalar("SELECT last_sequence FROM inbox_streams WHERE handler = $1 AND aggregate_id = $2")
+                .bind(handler.to_owned())
+                .bind(account.to_owned())
+                .fetch_optional(pool)
+                .await
+                .expect("read stream")
+        }
+
+        pub async fn freeze(pool: &Pool, account: &str, frozen: bool) {
+            sqlx::query("INSERT INTO accounts (id, frozen) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET frozen = excluded.frozen")
+                .bind(account.to_owned())
+                .bind(frozen)
+                .execute(pool)
+                .await
+                .expect("freeze account");
+        }
+    };
+}
+pub(crate) use ledger_queries;
