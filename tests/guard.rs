@@ -194,3 +194,35 @@ mod sqlite {
 mod postgres {
     guard_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
 }
+
+/// SQLite specifics: durability settings, and a guarded transaction that holds the write lock from
+/// its first statement.
+mod sqlite_settings {
+    use std::time::Duration;
+
+    use inbox::Backend;
+    use sqlx::sqlite::SqliteConnectOptions;
+    use sqlx::{ConnectOptions, Sqlite};
+
+    #[tokio::test]
+    async fn sqlite_options_choose_wal_and_full_sync() {
+        let pool = crate::common::sqlite("sqlite_pragmas").await.unwrap();
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&pool).await.unwrap();
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&pool).await.unwrap();
+        assert_eq!(journal, "wal");
+        assert_eq!(synchronous, 2, "2 is FULL");
+    }
+
+    #[tokio::test]
+    async fn guarded_transaction_takes_the_write_lock_up_front() {
+        let pool = crate::common::sqlite("sqlite_immediate").await.unwrap();
+        let guarded = Sqlite::begin(&pool).await.unwrap();
+
+        let options: &SqliteConnectOptions = &pool.connect_options();
+        let mut other = options.clone().busy_timeout(Duration::ZERO).connect().await.unwrap();
+        let error = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.unwrap_err();
+        assert!(error.to_string().contains("locked"), "{error}");
+
+        guarded.rollback().await.unwrap();
+    }
+}
