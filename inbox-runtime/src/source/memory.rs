@@ -102,10 +102,14 @@ impl MemoryBroker {
         self.shared.state().redelivered
     }
 
-    /// How many messages wait for delivery or for their acknowledgement.
-    pub fn pending(&self) -> usize {
-        let state = self.shared.state();
-        state.ready.len() + state.unsettled
+    /// How many messages wait for delivery.
+    pub fn queued(&self) -> usize {
+        self.shared.state().ready.len()
+    }
+
+    /// How many deliveries are out with a consumer, neither acknowledged nor handed back.
+    pub fn in_flight(&self) -> usize {
+        self.shared.state().unsettled
     }
 }
 

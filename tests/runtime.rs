@@ -1,0 +1,229 @@
+//! The runtime on real databases: registry and dispatch, the worker loop over an at-least-once
+//! broker, redelivery, crashes between commit and ack, and graceful shutdown.
+
+mod common;
+
+macro_rules! runtime_suite {
+    ($db:ty, $conn:ty, $connect:path) => {
+        use std::time::Duration;
+
+        use inbox::prelude::*;
+        use inbox::{BuildError, Error, MemoryBroker, RunError, RunReport, Source};
+
+        use $crate::common::ledger::Credited;
+
+        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::queries::ledger_queries!($db);
+
+        async fn ledger(test: &str) -> Option<Pool> {
+            let pool = $connect(test).await?;
+            setup(&pool).await;
+            Some(pool)
+        }
+
+        async fn billing(pool: &Pool, workers: usize) -> Inbox<$db> {
+            Inbox::builder(pool.clone())
+                .consumer("billing")
+                .workers(workers)
+                .handler(credit)
+                .build()
+                .await
+                .expect("build inbox")
+        }
+
+        fn envelope(event: &Credited) -> Envelope {
+            Envelope::encode(format!("delivery-{}", event.event_id), event).expect("encode")
+        }
+
+        /// Waits (bounded) until `done` holds.
+        async fn eventually(what: &str, done: impl Fn() -> bool) {
+            for _ in 0..2_000 {
+                if done() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("timed out waiting until {what}");
+        }
+
+        #[tokio::test]
+        async fn dispatch_runs_every_handler_of_the_type() {
+            let Some(pool) = ledger("dispatch_every_handler").await else { return };
+            let inbox = Inbox::builder(pool.clone()).handler(credit).handler(audit).build().await.unwrap();
+            let paid = envelope(&Credited::new("e-1", "acct", 1, 30));
+
+            let first = inbox.dispatch(&paid).await.unwrap();
+            let again = inbox.dispatch(&paid).await.unwrap();
+
+            let outcomes = |handled: &[inbox::Handled]| handled.iter().map(|h| (h.handler, h.outcome)).collect::<Vec<_>>();
+            assert_eq!(outcomes(&first), [("credit", Outcome::Processed), ("audit", Outcome::Processed)]);
+            assert_eq!(outcomes(&again), [("credit", Outcome::Duplicate), ("audit", Outcome::Duplicate)]);
+            assert_eq!(balance(&pool, "acct").await, 30);
+            assert_eq!(count(&pool, "audit_log").await, 1);
+        }
+
+        #[tokio::test]
+        async fn registering_a_handler_twice_is_a_build_error() {
+            let Some(pool) = ledger("register_twice").await else { return };
+
+            let error = Inbox::builder(pool).handler(credit).handler(audit).handler(credit).build().await.err().unwrap();
+
+            assert!(matches!(error, BuildError::DuplicateHandler { name: "credit", .. }), "{error}");
+            assert!(error.to_string().contains("registered twice"), "{error}");
+        }
+
+        #[tokio::test]
+        async fn unknown_type_and_undecodable_payloads_are_clear_errors() {
+            let Some(pool) = ledger("bad_envelopes").await else { return };
+            let inbox = billing(&pool, 1).await;
+
+            let unknown = Envelope::new("order.refunded", "d-1", b"{}".to_vec());
+            let error = inbox.dispatch(&unknown).await.unwrap_err();
+            assert!(matches!(&error, Error::UnknownMessageType(t) if t == "order.refunded"), "{error}");
+
+            let malformed = Envelope::new("test.credited", "d-2", b"{\"event_id\": ".to_vec());
+            let error = inbox.dispatch(&malformed).await.unwrap_err();
+            assert!(matches!(error, Error::Decode { .. }), "{error}");
+            assert!(error.to_string().contains("cannot decode a `test.credited` payload"), "{error}");
+
+            let wrong_types = br#"{"event_id": 7, "account": "a", "sequence": 1, "amount": 1}"#.to_vec();
+            let error = inbox.dispatch(&Envelope::new("test.credited", "d-3", wrong_types)).await.unwrap_err();
+            assert!(error.to_string().contains("invalid type: integer `7`, expected a string"), "{error}");
+
+            assert_eq!(count(&pool, "inbox_messages").await, 0);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn run_keeps_each_aggregate_in_delivery_order() {
+            let Some(pool) = ledger("run_in_order").await else { return };
+            let inbox = billing(&pool, 4).await;
+            let broker = MemoryBroker::new();
+            let (accounts, per_account) = (30, 10);
+            let mut published = 0;
+            // Round-robin over accounts, so consecutive deliveries belong to different aggregates;
+            // every third event is published twice, right after itself.
+            for sequence in 1..=per_account {
+                for account in 0..accounts {
+                    let event = Credited::new(format!("{account}-{sequence}"), format!("acct-{account}"), sequence, sequence);
+                    let copies = if (account + sequence) % 3 == 0 { 2 } else { 1 };
+                    for _ in 0..copies {
+                        broker.publish(envelope(&event));
+                        published += 1;
+                    }
+                }
+            }
+            broker.close();
+
+            let report: RunReport = inbox.run(broker.source()).await.unwrap();
+
+            let distinct = (accounts * per_account) as u64;
+            assert_eq!(report.count(Outcome::Processed), distinct, "{report:?}");
+            assert_eq!(report.count(Outcome::Duplicate), published - distinct, "{report:?}");
+            assert_eq!(report.count(Outcome::Stale), 0, "an aggregate's messages were reordered: {report:?}");
+            assert_eq!(report.acked, published);
+            assert_eq!(broker.acked(), published);
+            for account in 0..accounts {
+                let account = format!("acct-{account}");
+                let sequences: Vec<i64> = applied(&pool, &account).await.into_iter().map(|(s, _)| s).collect();
+                assert_eq!(sequences, (1..=per_account).collect::<Vec<_>>(), "{account}");
+                assert_eq!(balance(&pool, &account).await, (1..=per_account).sum::<i64>());
+                assert_eq!(last_sequence(&pool, "credit", &account).await, Some(per_account));
+            }
+        }
+
+        #[tokio::test]
+        async fn failed_delivery_is_handed_back_and_redelivered_until_it_succeeds() {
+            let Some(pool) = ledger("redelivery").await else { return };
+            let inbox = billing(&pool, 2).await;
+            freeze(&pool, "acct", true).await;
+            let broker = MemoryBroker::new();
+            broker.publish(envelope(&Credited::new("e-1", "acct", 1, 30)));
+            broker.close();
+
+            let run = tokio::spawn({
+                let inbox = inbox.clone();
+                let source = broker.source();
+                async move { inbox.run(source).await }
+            });
+            eventually("the failing delivery came back three times", || broker.redelivered() >= 3).await;
+            assert_eq!(status(&pool, "credit", "e-1").await, None);
+            freeze(&pool, "acct", false).await;
+            let report = run.await.unwrap().unwrap();
+
+            assert!(report.failed >= 3, "{report:?}");
+            assert_eq!(report.count(Outcome::Processed), 1);
+            assert_eq!(broker.acked(), 1);
+            assert_eq!(balance(&pool, "acct").await, 30);
+        }
+
+        #[tokio::test]
+        async fn crash_between_commit_and_ack_redelivers_as_a_duplicate() {
+            let Some(pool) = ledger("crash_before_ack").await else { return };
+            let inbox = billing(&pool, 1).await;
+            let broker = MemoryBroker::new();
+            broker.publish(envelope(&Credited::new("e-1", "acct", 1, 30)));
+            broker.close();
+            let mut source = broker.source();
+
+            let delivery = source.next().await.unwrap().unwrap();
+            let handled = inbox.dispatch(delivery.envelope()).await.unwrap();
+            assert_eq!(handled[0].outcome, Outcome::Processed);
+            drop(delivery); // committed, then the process died before acknowledging
+            assert_eq!(broker.redelivered(), 1);
+
+            let report = inbox.run(source).await.unwrap();
+            assert_eq!(report.count(Outcome::Duplicate), 1, "{report:?}");
+            assert_eq!(report.count(Outcome::Processed), 0, "{report:?}");
+            assert_eq!(broker.acked(), 1);
+            assert_eq!(balance(&pool, "acct").await, 30);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn shutdown_stops_pulling_and_settles_what_was_pulled() {
+            let Some(pool) = ledger("graceful_shutdown").await else { return };
+            let inbox = billing(&pool, 2).await;
+            let broker = MemoryBroker::new();
+            let total = 300;
+            for i in 0..total {
+                broker.publish(envelope(&Credited::new(format!("e-{i}"), format!("acct-{}", i % 7), i + 1, 1)));
+            }
+
+            let stop = {
+                let broker = broker.clone();
+                async move { eventually("some deliveries were acknowledged", || broker.acked() >= 20).await }
+            };
+            let report = inbox.run_until(broker.source(), stop).await.unwrap();
+
+            assert_eq!(broker.in_flight(), 0, "every pulled delivery is settled");
+            assert!(broker.queued() > 0, "shutdown stopped pulling before the end");
+            assert_eq!(broker.acked() + broker.queued() as u64, total as u64);
+            assert_eq!(report.acked, broker.acked());
+            assert_eq!(count(&pool, "inbox_messages").await, broker.acked() as i64, "committed = acknowledged");
+        }
+
+        #[tokio::test]
+        async fn refused_delivery_stops_the_run_and_stays_with_the_broker() {
+            let Some(pool) = ledger("refused_delivery").await else { return };
+            let inbox = billing(&pool, 1).await;
+            let broker = MemoryBroker::new();
+            broker.publish(envelope(&Credited::new("e-1", "acct", 1, 30)));
+            broker.publish(Envelope::new("order.refunded", "d-2", b"{}".to_vec()));
+            broker.close();
+
+            let error = inbox.run(broker.source()).await.unwrap_err();
+
+            assert!(matches!(&error, RunError::Refused { id, .. } if id == "d-2"), "{error}");
+            assert!(error.to_string().contains("no handler is registered for message type `order.refunded`"), "{error}");
+            assert_eq!(broker.queued(), 1, "the refused delivery is handed back, not dropped");
+            assert_eq!(broker.acked(), 1);
+        }
+    };
+}
+
+mod sqlite {
+    runtime_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+}
+
+mod postgres {
+    runtime_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+}
