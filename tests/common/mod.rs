@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,7 +49,12 @@ pub async fn postgres(test: &str) -> Option<PgPool> {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{POSTGRES_URL_VAR} is not set, and CI must run the PostgreSQL tests");
         }
-        eprintln!("SKIPPED on PostgreSQL: {test} (set {POSTGRES_URL_VAR}=postgres://... to run it)");
+        // Written to the process's stderr directly, past the test harness's output capture, so
+        // that a skipped test says so in every run's output.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED on PostgreSQL: {test} (set {POSTGRES_URL_VAR}=postgres://... to run it)"
+        );
         return None;
     };
     let schema = unique(test).to_lowercase();
