@@ -1,0 +1,168 @@
+//! What the guard costs: messages per second through `process()` (dedup row, stream upsert,
+//! handler, commit) against the same business write in a plain transaction, and what a duplicate
+//! costs. Prints figures and ratios measured in the same run; the machine's noise cancels out of
+//! the ratios.
+//!
+//! `cargo bench --bench guard` runs on a SQLite file; `DATABASE_URL=postgres://...` adds PostgreSQL.
+
+use std::time::{Duration, Instant};
+
+use inbox::prelude::*;
+use sqlx::{Pool, Postgres, Sqlite};
+
+const MESSAGES: i64 = 2_000;
+const ACCOUNTS: i64 = 100;
+const CREDIT: &str = "UPDATE accounts SET balance = balance + $1 WHERE id = $2";
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct Credited {
+    event_id: Uuid,
+    account: String,
+    sequence: i64,
+    amount: i64,
+}
+
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "account",
+    name = "credit"
+)]
+async fn credit_sqlite(tx: &mut sqlx::SqliteConnection, msg: Credited) -> Result<(), HandlerError> {
+    sqlx::query(CREDIT)
+        .bind(msg.amount)
+        .bind(msg.account)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "account",
+    name = "credit"
+)]
+async fn credit_postgres(tx: &mut sqlx::PgConnection, msg: Credited) -> Result<(), HandlerError> {
+    sqlx::query(CREDIT)
+        .bind(msg.amount)
+        .bind(msg.account)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// `MESSAGES` events, round-robin over the accounts, in sequence order.
+fn events() -> Vec<Credited> {
+    (0..MESSAGES)
+        .map(|i| Credited {
+            event_id: Uuid::new_v4(),
+            account: format!("acct-{}", i % ACCOUNTS),
+            sequence: i / ACCOUNTS + 1,
+            amount: 1,
+        })
+        .collect()
+}
+
+struct Figures {
+    plain: Duration,
+    guarded: Duration,
+    duplicate: Duration,
+}
+
+impl Figures {
+    fn print(&self, backend: &str) {
+        let rate = |d: Duration| MESSAGES as f64 / d.as_secs_f64();
+        println!("{backend}: {MESSAGES} messages, one at a time");
+        println!("  plain transaction  {:>9.0} msg/s", rate(self.plain));
+        println!("  guarded (new)      {:>9.0} msg/s", rate(self.guarded));
+        println!("  guarded duplicate  {:>9.0} msg/s", rate(self.duplicate));
+        println!(
+            "  ratio guarded/plain time {:.2}x, duplicate/plain time {:.2}x",
+            self.guarded.as_secs_f64() / self.plain.as_secs_f64(),
+            self.duplicate.as_secs_f64() / self.plain.as_secs_f64()
+        );
+    }
+}
+
+macro_rules! measure {
+    ($pool:expr, $handler:expr) => {{
+        let pool = $pool;
+        let events = events();
+        let started = Instant::now();
+        for event in &events {
+            let mut tx = pool.begin().await?;
+            sqlx::query(CREDIT)
+                .bind(event.amount)
+                .bind(event.account.clone())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        let plain = started.elapsed();
+        let started = Instant::now();
+        for event in &events {
+            assert_eq!(
+                $handler.process(&pool, event.clone()).await?,
+                Outcome::Processed
+            );
+        }
+        let guarded = started.elapsed();
+        let started = Instant::now();
+        for event in &events {
+            assert_eq!(
+                $handler.process(&pool, event.clone()).await?,
+                Outcome::Duplicate
+            );
+        }
+        Figures {
+            plain,
+            guarded,
+            duplicate: started.elapsed(),
+        }
+    }};
+}
+
+async fn prepare<DB: inbox::Backend>(pool: &Pool<DB>) -> Result<(), Box<dyn std::error::Error>>
+where
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    inbox::migrate(pool).await?;
+    for sql in [
+        "DROP TABLE IF EXISTS accounts",
+        "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0)",
+        "DELETE FROM inbox_messages WHERE handler = 'credit'",
+        "DELETE FROM inbox_streams WHERE handler = 'credit'",
+    ] {
+        sqlx::raw_sql(sql).execute(pool).await?;
+    }
+    for account in 0..ACCOUNTS {
+        let insert = format!("INSERT INTO accounts (id) VALUES ('acct-{account}')");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::temp_dir().join("inbox_bench_guard.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let url = format!("sqlite://{}", path.display());
+    let sqlite: Pool<Sqlite> = sqlx::SqlitePool::connect_with(inbox::sqlite_options(&url)?).await?;
+    prepare(&sqlite).await?;
+    measure!(sqlite, credit_sqlite).print("SQLite (WAL, synchronous = FULL)");
+
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => {
+            let postgres: Pool<Postgres> = sqlx::PgPool::connect(&url).await?;
+            prepare(&postgres).await?;
+            measure!(postgres, credit_postgres).print("PostgreSQL");
+        }
+        _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),
+    }
+    Ok(())
+}
