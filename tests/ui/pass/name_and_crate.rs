@@ -11,7 +11,11 @@ struct OrderPaid {
     event_id: Uuid,
 }
 
-#[inbox_handler(key = "event_id", name = "billing.mark_paid", crate = "reexport::inbox")]
+#[inbox_handler(
+    key = "event_id",
+    name = "billing.mark_paid",
+    crate = "reexport::inbox"
+)]
 async fn mark_paid(
     _tx: &mut sqlx::PgConnection,
     _msg: OrderPaid,

@@ -17,10 +17,7 @@ async fn log_payment(_msg: OrderPaid) -> Result<(), HandlerError> {
 }
 
 #[allow(dead_code)]
-async fn unit_test(
-    conn: &mut sqlx::SqliteConnection,
-    msg: OrderPaid,
-) -> Result<(), HandlerError> {
+async fn unit_test(conn: &mut sqlx::SqliteConnection, msg: OrderPaid) -> Result<(), HandlerError> {
     mark_paid(&mut *conn, msg.clone()).await?;
     mark_paid(conn, msg.clone()).await?;
     log_payment(msg).await

@@ -2,7 +2,7 @@
 // does not break it.
 #![allow(dead_code, non_camel_case_types)]
 
-use inbox::prelude::{Deserialize, HandlerError, Message, Serialize, Uuid, inbox_handler};
+use ::inbox::prelude::{Deserialize, HandlerError, Message, Serialize, Uuid, inbox_handler};
 
 struct Result;
 struct Ok;
@@ -25,14 +25,24 @@ struct Pin;
 struct From;
 struct Into;
 struct Default;
-struct str;
 struct i64;
 struct core;
 struct std;
 struct __private;
-struct message;
-struct ctx;
-struct handle;
+struct Handler;
+struct Context;
+struct Identity;
+struct Identifier;
+struct SequenceNumber;
+struct DatabaseHandle;
+struct HandlerResult;
+struct Backend;
+struct Error;
+struct BoxFuture;
+struct __InboxDb;
+struct __inbox_handler;
+struct __inbox_boxed;
+mod inbox {}
 
 #[derive(::std::fmt::Debug, ::std::clone::Clone, Serialize, Deserialize, Message)]
 #[message(name = "order.paid")]
@@ -52,6 +62,14 @@ async fn mark_paid(
 
 #[inbox_handler(key = ["event_id", "order_id"])]
 async fn log_payment(_msg: OrderPaid) -> ::core::result::Result<(), HandlerError> {
+    ::core::result::Result::Ok(())
+}
+
+#[inbox_handler(key = "event_id", name = "audit")]
+async fn audit(
+    _ctx: &mut ::inbox::Context<'_, sqlx::Sqlite>,
+    _msg: OrderPaid,
+) -> ::core::result::Result<(), HandlerError> {
     ::core::result::Result::Ok(())
 }
 

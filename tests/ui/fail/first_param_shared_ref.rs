@@ -1,0 +1,16 @@
+// The database handle behind a shared reference.
+use inbox::prelude::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct OrderPaid {
+    event_id: Uuid,
+    order_id: String,
+    sequence: i64,
+}
+
+#[inbox_handler(key = "event_id")]
+async fn mark_paid(_tx: &sqlx::PgConnection, _msg: OrderPaid) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,16 @@
+// A handler that is not `async`.
+use inbox::prelude::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct OrderPaid {
+    event_id: Uuid,
+    order_id: String,
+    sequence: i64,
+}
+
+#[inbox_handler(key = "event_id")]
+fn mark_paid(_tx: &mut sqlx::PgConnection, _msg: OrderPaid) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,21 @@
+// An ordering the macro does not know.
+use inbox::prelude::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct OrderPaid {
+    event_id: Uuid,
+    order_id: String,
+    sequence: i64,
+}
+
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "order_id",
+    ordering = "sorted"
+)]
+async fn mark_paid(_tx: &mut sqlx::PgConnection, _msg: OrderPaid) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}

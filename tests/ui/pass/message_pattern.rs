@@ -1,0 +1,26 @@
+// The message parameter may be a pattern that destructures the message.
+use inbox::prelude::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct OrderPaid {
+    event_id: Uuid,
+    order_id: String,
+}
+
+#[inbox_handler(key = "event_id")]
+async fn mark_paid(
+    tx: &mut sqlx::PgConnection,
+    OrderPaid { order_id, .. }: OrderPaid,
+) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = true WHERE id = $1")
+        .bind(order_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+fn assert_handler<H: Handler<sqlx::Postgres, Message = OrderPaid>>(_: H) {}
+
+fn main() {
+    assert_handler(mark_paid);
+}
