@@ -79,4 +79,5 @@ pub mod __private {
         Backend, Context, DatabaseHandle, Error, Handler, HandlerError, HandlerResult, Identifier,
         Identity, Message, SequenceNumber,
     };
+    pub use sqlx::{Postgres, Sqlite};
 }

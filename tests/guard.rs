@@ -22,7 +22,10 @@ macro_rules! guard_suite {
         }
 
         /// Runs `process` of `message` from `tasks` concurrent tasks and counts the outcomes.
-        async fn process_concurrently(pool: &Pool, messages: Vec<Credited>) -> BTreeMap<Outcome, usize> {
+        async fn process_concurrently(
+            pool: &Pool,
+            messages: Vec<Credited>,
+        ) -> BTreeMap<Outcome, usize> {
             let tasks: Vec<_> = messages
                 .into_iter()
                 .map(|message| {
@@ -40,12 +43,23 @@ macro_rules! guard_suite {
 
         #[tokio::test]
         async fn duplicate_delivery_has_one_effect() {
-            let Some(pool) = ledger("duplicate_delivery").await else { return };
+            let Some(pool) = ledger("duplicate_delivery").await else {
+                return;
+            };
             let paid = Credited::new("e-1", "acct", 1, 30);
 
-            assert_eq!(credit.process(&pool, paid.clone()).await.unwrap(), Outcome::Processed);
-            assert_eq!(credit.process(&pool, paid.clone()).await.unwrap(), Outcome::Duplicate);
-            assert_eq!(credit.process(&pool, paid).await.unwrap(), Outcome::Duplicate);
+            assert_eq!(
+                credit.process(&pool, paid.clone()).await.unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                credit.process(&pool, paid.clone()).await.unwrap(),
+                Outcome::Duplicate
+            );
+            assert_eq!(
+                credit.process(&pool, paid).await.unwrap(),
+                Outcome::Duplicate
+            );
 
             assert_eq!(balance(&pool, "acct").await, 30);
             assert_eq!(count(&pool, "applied").await, 1);
@@ -53,7 +67,9 @@ macro_rules! guard_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_duplicates_have_one_effect() {
-            let Some(pool) = ledger("concurrent_duplicates").await else { return };
+            let Some(pool) = ledger("concurrent_duplicates").await else {
+                return;
+            };
             let paid = Credited::new("e-1", "acct", 1, 30);
 
             let outcomes = process_concurrently(&pool, vec![paid; 16]).await;
@@ -66,26 +82,60 @@ macro_rules! guard_suite {
 
         #[tokio::test]
         async fn stale_sequence_is_recorded_and_skipped() {
-            let Some(pool) = ledger("stale_sequence").await else { return };
+            let Some(pool) = ledger("stale_sequence").await else {
+                return;
+            };
             let second = Credited::new("e-2", "acct", 2, 20);
             let first = Credited::new("e-1", "acct", 1, 10);
 
-            assert_eq!(credit.process(&pool, second).await.unwrap(), Outcome::Processed);
-            assert_eq!(credit.process(&pool, first.clone()).await.unwrap(), Outcome::Stale);
-            assert_eq!(credit.process(&pool, first).await.unwrap(), Outcome::Duplicate);
+            assert_eq!(
+                credit.process(&pool, second).await.unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                credit.process(&pool, first.clone()).await.unwrap(),
+                Outcome::Stale
+            );
+            assert_eq!(
+                credit.process(&pool, first).await.unwrap(),
+                Outcome::Duplicate
+            );
 
             assert_eq!(balance(&pool, "acct").await, 20);
-            assert_eq!(status(&pool, "credit", "e-1").await.as_deref(), Some("stale"));
+            assert_eq!(
+                status(&pool, "credit", "e-1").await.as_deref(),
+                Some("stale")
+            );
             assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(2));
         }
 
         #[tokio::test]
         async fn equal_sequence_is_stale_and_gaps_are_allowed() {
-            let Some(pool) = ledger("equal_sequence").await else { return };
+            let Some(pool) = ledger("equal_sequence").await else {
+                return;
+            };
 
-            assert_eq!(credit.process(&pool, Credited::new("e-1", "acct", 5, 1)).await.unwrap(), Outcome::Processed);
-            assert_eq!(credit.process(&pool, Credited::new("e-2", "acct", 5, 2)).await.unwrap(), Outcome::Stale);
-            assert_eq!(credit.process(&pool, Credited::new("e-3", "acct", 9, 4)).await.unwrap(), Outcome::Processed);
+            assert_eq!(
+                credit
+                    .process(&pool, Credited::new("e-1", "acct", 5, 1))
+                    .await
+                    .unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                credit
+                    .process(&pool, Credited::new("e-2", "acct", 5, 2))
+                    .await
+                    .unwrap(),
+                Outcome::Stale
+            );
+            assert_eq!(
+                credit
+                    .process(&pool, Credited::new("e-3", "acct", 9, 4))
+                    .await
+                    .unwrap(),
+                Outcome::Processed
+            );
 
             assert_eq!(balance(&pool, "acct").await, 5);
             assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(9));
@@ -93,51 +143,112 @@ macro_rules! guard_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_first_events_of_a_new_aggregate_serialize() {
-            let Some(pool) = ledger("concurrent_first_events").await else { return };
+            let Some(pool) = ledger("concurrent_first_events").await else {
+                return;
+            };
             let accounts: Vec<String> = (0..40).map(|i| format!("acct-{i}")).collect();
             let messages = accounts
                 .iter()
-                .flat_map(|a| [Credited::new(format!("{a}-1"), a, 1, 1), Credited::new(format!("{a}-2"), a, 2, 10)])
+                .flat_map(|a| {
+                    [
+                        Credited::new(format!("{a}-1"), a, 1, 1),
+                        Credited::new(format!("{a}-2"), a, 2, 10),
+                    ]
+                })
                 .collect();
 
             let outcomes = process_concurrently(&pool, messages).await;
 
-            assert_eq!(outcomes.get(&Outcome::Processed).copied().unwrap_or(0) + outcomes.get(&Outcome::Stale).copied().unwrap_or(0), 80, "{outcomes:?}");
+            assert_eq!(
+                outcomes.get(&Outcome::Processed).copied().unwrap_or(0)
+                    + outcomes.get(&Outcome::Stale).copied().unwrap_or(0),
+                80,
+                "{outcomes:?}"
+            );
             for account in &accounts {
                 let applied = applied(&pool, account).await;
                 let sequences: Vec<i64> = applied.iter().map(|(sequence, _)| *sequence).collect();
-                assert!(sequences == [1, 2] || sequences == [2], "{account} applied {sequences:?}");
+                assert!(
+                    sequences == [1, 2] || sequences == [2],
+                    "{account} applied {sequences:?}"
+                );
                 let expected: i64 = sequences.iter().map(|s| if *s == 1 { 1 } else { 10 }).sum();
-                assert_eq!(balance(&pool, account).await, expected, "{account}: lost update");
+                assert_eq!(
+                    balance(&pool, account).await,
+                    expected,
+                    "{account}: lost update"
+                );
                 assert_eq!(last_sequence(&pool, "credit", account).await, Some(2));
             }
         }
 
         #[tokio::test]
         async fn handler_error_rolls_back_and_redelivery_succeeds() {
-            let Some(pool) = ledger("handler_error").await else { return };
+            let Some(pool) = ledger("handler_error").await else {
+                return;
+            };
             freeze(&pool, "acct", true).await;
             let paid = Credited::new("e-1", "acct", 1, 30);
 
             let error = credit.process(&pool, paid.clone()).await.unwrap_err();
-            assert!(matches!(&error, Error::Handler { handler: "credit", .. }), "{error}");
-            assert!(error.to_string().contains("account acct is frozen"), "{error}");
-            assert_eq!(status(&pool, "credit", "e-1").await, None, "a failed message must stay unseen");
-            assert_eq!(count(&pool, "applied").await, 0, "the handler's writes must roll back");
+            assert!(
+                matches!(
+                    &error,
+                    Error::Handler {
+                        handler: "credit",
+                        ..
+                    }
+                ),
+                "{error}"
+            );
+            assert!(
+                error.to_string().contains("account acct is frozen"),
+                "{error}"
+            );
+            assert_eq!(
+                status(&pool, "credit", "e-1").await,
+                None,
+                "a failed message must stay unseen"
+            );
+            assert_eq!(
+                count(&pool, "applied").await,
+                0,
+                "the handler's writes must roll back"
+            );
             assert_eq!(last_sequence(&pool, "credit", "acct").await, None);
 
             freeze(&pool, "acct", false).await;
-            assert_eq!(credit.process(&pool, paid).await.unwrap(), Outcome::Processed);
+            assert_eq!(
+                credit.process(&pool, paid).await.unwrap(),
+                Outcome::Processed
+            );
             assert_eq!(balance(&pool, "acct").await, 30);
-            assert_eq!(status(&pool, "credit", "e-1").await.as_deref(), Some("processed"));
+            assert_eq!(
+                status(&pool, "credit", "e-1").await.as_deref(),
+                Some("processed")
+            );
         }
 
         #[tokio::test]
         async fn conflicting_duplicate_is_not_applied() {
-            let Some(pool) = ledger("conflicting_duplicate").await else { return };
+            let Some(pool) = ledger("conflicting_duplicate").await else {
+                return;
+            };
 
-            assert_eq!(credit.process(&pool, Credited::new("e-1", "acct", 1, 30)).await.unwrap(), Outcome::Processed);
-            assert_eq!(credit.process(&pool, Credited::new("e-1", "acct", 1, 99)).await.unwrap(), Outcome::Conflict);
+            assert_eq!(
+                credit
+                    .process(&pool, Credited::new("e-1", "acct", 1, 30))
+                    .await
+                    .unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                credit
+                    .process(&pool, Credited::new("e-1", "acct", 1, 99))
+                    .await
+                    .unwrap(),
+                Outcome::Conflict
+            );
 
             assert_eq!(balance(&pool, "acct").await, 30);
             assert_eq!(count(&pool, "applied").await, 1);
@@ -145,12 +256,23 @@ macro_rules! guard_suite {
 
         #[tokio::test]
         async fn handlers_have_their_own_dedup_scope() {
-            let Some(pool) = ledger("own_dedup_scope").await else { return };
+            let Some(pool) = ledger("own_dedup_scope").await else {
+                return;
+            };
             let paid = Credited::new("e-1", "acct", 1, 30);
 
-            assert_eq!(credit.process(&pool, paid.clone()).await.unwrap(), Outcome::Processed);
-            assert_eq!(audit.process(&pool, paid.clone()).await.unwrap(), Outcome::Processed);
-            assert_eq!(audit.process(&pool, paid).await.unwrap(), Outcome::Duplicate);
+            assert_eq!(
+                credit.process(&pool, paid.clone()).await.unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                audit.process(&pool, paid.clone()).await.unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                audit.process(&pool, paid).await.unwrap(),
+                Outcome::Duplicate
+            );
 
             assert_eq!(count(&pool, "audit_log").await, 1);
             assert_eq!(balance(&pool, "acct").await, 30);
@@ -158,14 +280,40 @@ macro_rules! guard_suite {
 
         #[tokio::test]
         async fn oversized_and_empty_ids_are_refused_before_anything_is_written() {
-            let Some(pool) = ledger("invalid_ids").await else { return };
+            let Some(pool) = ledger("invalid_ids").await else {
+                return;
+            };
             let oversized = "x".repeat(inbox::MAX_ID_LEN + 1);
 
-            let error = credit.process(&pool, Credited::new(oversized, "acct", 1, 1)).await.unwrap_err();
-            assert!(matches!(error, Error::InvalidIdentity { what: "message id", .. }), "{error}");
+            let error = credit
+                .process(&pool, Credited::new(oversized, "acct", 1, 1))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    Error::InvalidIdentity {
+                        what: "message id",
+                        ..
+                    }
+                ),
+                "{error}"
+            );
             assert!(error.to_string().contains("the limit is 512"), "{error}");
-            let error = credit.process(&pool, Credited::new("e-1", "", 1, 1)).await.unwrap_err();
-            assert!(matches!(error, Error::InvalidIdentity { what: "aggregate id", .. }), "{error}");
+            let error = credit
+                .process(&pool, Credited::new("e-1", "", 1, 1))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    Error::InvalidIdentity {
+                        what: "aggregate id",
+                        ..
+                    }
+                ),
+                "{error}"
+            );
 
             assert_eq!(count(&pool, "inbox_messages").await, 0);
             assert_eq!(count(&pool, "applied").await, 0);
@@ -173,7 +321,9 @@ macro_rules! guard_suite {
 
         #[tokio::test]
         async fn the_plain_function_stays_callable_unguarded() {
-            let Some(pool) = ledger("plain_function").await else { return };
+            let Some(pool) = ledger("plain_function").await else {
+                return;
+            };
             let paid = Credited::new("e-1", "acct", 1, 30);
 
             let mut tx = pool.begin().await.unwrap();
@@ -181,7 +331,11 @@ macro_rules! guard_suite {
             credit(&mut tx, paid).await.unwrap();
             tx.commit().await.unwrap();
 
-            assert_eq!(balance(&pool, "acct").await, 60, "unguarded calls apply every time");
+            assert_eq!(
+                balance(&pool, "acct").await,
+                60,
+                "unguarded calls apply every time"
+            );
             assert_eq!(count(&pool, "inbox_messages").await, 0);
         }
     };
@@ -207,8 +361,14 @@ mod sqlite_settings {
     #[tokio::test]
     async fn sqlite_options_choose_wal_and_full_sync() {
         let pool = crate::common::sqlite("sqlite_pragmas").await.unwrap();
-        let journal: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&pool).await.unwrap();
-        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&pool).await.unwrap();
+        let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
         assert_eq!(journal, "wal");
         assert_eq!(synchronous, 2, "2 is FULL");
     }
@@ -219,8 +379,16 @@ mod sqlite_settings {
         let guarded = Sqlite::begin(&pool).await.unwrap();
 
         let options: &SqliteConnectOptions = &pool.connect_options();
-        let mut other = options.clone().busy_timeout(Duration::ZERO).connect().await.unwrap();
-        let error = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.unwrap_err();
+        let mut other = options
+            .clone()
+            .busy_timeout(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        let error = sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap_err();
         assert!(error.to_string().contains("locked"), "{error}");
 
         guarded.rollback().await.unwrap();

@@ -12,7 +12,7 @@ static NO_HEADERS: BTreeMap<String, String> = BTreeMap::new();
 /// The guarded transaction of one message, with the message's metadata.
 ///
 /// A handler that takes `&mut Context<'_, DB>` as its first parameter gets this; it dereferences to
-/// the open [`sqlx::Transaction`], so `query.execute(&mut **ctx)` runs inside the guarded
+/// the connection of the open transaction, so `query.execute(&mut **ctx)` runs inside the guarded
 /// transaction.
 pub struct Context<'t, DB: Database> {
     tx: Transaction<'static, DB>,
@@ -41,6 +41,11 @@ impl<'t, DB: Database> Context<'t, DB> {
 
     pub(crate) fn into_transaction(self) -> Transaction<'static, DB> {
         self.tx
+    }
+
+    /// The guarded transaction itself.
+    pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
+        &mut self.tx
     }
 
     /// The consumer group this message is handled for.
@@ -75,7 +80,7 @@ impl<'t, DB: Database> Context<'t, DB> {
 }
 
 impl<DB: Database> Deref for Context<'_, DB> {
-    type Target = Transaction<'static, DB>;
+    type Target = DB::Connection;
 
     fn deref(&self) -> &Self::Target {
         &self.tx
@@ -89,47 +94,36 @@ impl<DB: Database> DerefMut for Context<'_, DB> {
 }
 
 /// A type a handler can take (behind `&mut`) as its first parameter to write in the guarded
-/// transaction.
+/// transaction of database `DB`.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a database handle an inbox handler can take",
+    message = "`{Self}` is not a handle on a `{DB}` database that an inbox handler can take",
     label = "the first parameter must be a database handle",
     note = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message"
 )]
-pub trait DatabaseHandle<'t> {
-    /// The database this handle talks to.
-    type Database: crate::Backend;
-
+pub trait DatabaseHandle<'t, DB: crate::Backend> {
     /// Borrows this handle out of the guarded context.
-    fn from_context<'c>(ctx: &'c mut Context<'t, Self::Database>) -> &'c mut Self;
+    fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self;
 }
 
-impl<'t> DatabaseHandle<'t> for sqlx::PgConnection {
-    type Database = sqlx::Postgres;
-
+impl<'t> DatabaseHandle<'t, sqlx::Postgres> for sqlx::PgConnection {
     fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Postgres>) -> &'c mut Self {
         &mut ctx.tx
     }
 }
 
-impl<'t> DatabaseHandle<'t> for sqlx::SqliteConnection {
-    type Database = sqlx::Sqlite;
-
+impl<'t> DatabaseHandle<'t, sqlx::Sqlite> for sqlx::SqliteConnection {
     fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Sqlite>) -> &'c mut Self {
         &mut ctx.tx
     }
 }
 
-impl<'t, DB: crate::Backend> DatabaseHandle<'t> for Transaction<'static, DB> {
-    type Database = DB;
-
+impl<'t, DB: crate::Backend> DatabaseHandle<'t, DB> for Transaction<'static, DB> {
     fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self {
         &mut ctx.tx
     }
 }
 
-impl<'t, DB: crate::Backend> DatabaseHandle<'t> for Context<'t, DB> {
-    type Database = DB;
-
+impl<'t, DB: crate::Backend> DatabaseHandle<'t, DB> for Context<'t, DB> {
     fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self {
         ctx
     }

@@ -84,7 +84,7 @@ pub fn string_value(cx: &Ctxt, name: Symbol, value: &Expr) -> Option<LitStr> {
             lit: Lit::Str(lit), ..
         }) => Some(lit.clone()),
         _ => {
-            let message = format!("expected a string for {name}, like {} = \"...\"", name.0);
+            let message = format!("expected a string for {name}, like `{} = \"...\"`", name.0);
             cx.error_spanned_by(value, message);
             None
         }

@@ -15,55 +15,66 @@ struct MessageType<'a> {
     krate: Option<syn::Path>,
 }
 
+/// Expands the derive. When only the `#[message(...)]` arguments are wrong, the implementation is
+/// still emitted (with the default type tag) next to the errors, so that handlers of the type do
+/// not report it as "not a message" too.
 pub fn expand(item: TokenStream) -> TokenStream {
     let input: DeriveInput = match syn::parse2(item) {
         Ok(input) => input,
         Err(error) => return error.into_compile_error(),
     };
-    match MessageType::from_syn(&input) {
-        Ok(message) => message.tokens(),
-        Err(error) => error.into_compile_error(),
+    let shape_cx = Ctxt::new();
+    check_shape(&shape_cx, &input);
+    if let Err(error) = shape_cx.check() {
+        return error.into_compile_error();
     }
+    let args_cx = Ctxt::new();
+    let message = MessageType::from_syn(&args_cx, &input);
+    let mut tokens = message.tokens();
+    if let Err(error) = args_cx.check() {
+        tokens.extend(error.into_compile_error());
+    }
+    tokens
 }
 
 impl<'a> MessageType<'a> {
-    fn from_syn(original: &'a DeriveInput) -> syn::Result<Self> {
-        let cx = Ctxt::new();
-        let mut name = Attr::none(&cx, NAME);
-        let mut krate = Attr::none(&cx, CRATE);
+    /// Reads the `#[message(...)]` arguments, recording bad ones in `cx`.
+    fn from_syn(cx: &Ctxt, original: &'a DeriveInput) -> Self {
+        let mut name = Attr::none(cx, NAME);
+        let mut krate = Attr::none(cx, CRATE);
         for attr in original
             .attrs
             .iter()
             .filter(|a| a.path().is_ident(MESSAGE.0))
         {
-            let args = match attr.meta.require_list() {
-                Ok(list) => list.tokens.clone(),
-                Err(error) => {
-                    cx.syn_error(error);
-                    continue;
-                }
+            let Ok(list) = attr.meta.require_list() else {
+                let message = "write the message's arguments in parentheses, like `#[message(name = \"order.paid\")]`";
+                cx.error_spanned_by(attr, message);
+                continue;
             };
-            for_each_arg(&cx, args, symbol::MESSAGE_ARGS, |arg, pair| match arg {
-                NAME => {
-                    if let Some(lit) = type_tag(&cx, &pair.value) {
-                        name.set(&pair.path, lit);
+            for_each_arg(
+                cx,
+                list.tokens.clone(),
+                symbol::MESSAGE_ARGS,
+                |arg, pair| match arg {
+                    NAME => {
+                        if let Some(lit) = type_tag(cx, &pair.value) {
+                            name.set(&pair.path, lit);
+                        }
                     }
-                }
-                _ => {
-                    if let Some(path) = crate_path(&cx, &pair.value) {
-                        krate.set(&pair.path, path);
+                    _ => {
+                        if let Some(path) = crate_path(cx, &pair.value) {
+                            krate.set(&pair.path, path);
+                        }
                     }
-                }
-            });
+                },
+            );
         }
-        check_shape(&cx, original);
-        let (name, krate) = (name.get(), krate.get());
-        cx.check()?;
-        Ok(Self {
+        Self {
             original,
-            name,
-            krate,
-        })
+            name: name.get(),
+            krate: krate.get(),
+        }
     }
 
     fn tokens(&self) -> TokenStream {
@@ -79,7 +90,7 @@ impl<'a> MessageType<'a> {
         quote! {
             #[automatically_derived]
             impl #krate::__private::Message for #ident {
-                const TYPE: &'static str = #tag;
+                const TYPE: &'static ::core::primitive::str = #tag;
             }
         }
     }

@@ -14,7 +14,12 @@ pub struct Credited {
 }
 
 impl Credited {
-    pub fn new(event_id: impl Into<String>, account: impl Into<String>, sequence: i64, amount: i64) -> Self {
+    pub fn new(
+        event_id: impl Into<String>,
+        account: impl Into<String>,
+        sequence: i64,
+        amount: i64,
+    ) -> Self {
         Self {
             event_id: event_id.into(),
             account: account.into(),

@@ -1,15 +1,33 @@
 //! The handler function as the expansion sees it, borrowing the user's syntax tree.
 
-use syn::{FnArg, ItemFn, PatType, ReturnType, Type, TypeReference};
+use syn::{
+    FnArg, GenericArgument, ItemFn, PatType, PathArguments, ReturnType, Type, TypePath,
+    TypeReference,
+};
 
 use crate::ctxt::Ctxt;
+
+/// The database a handler writes to, read from its first parameter's type.
+pub enum Database<'a> {
+    Postgres,
+    Sqlite,
+    /// The `DB` of `Transaction<'_, DB>` or `Context<'_, DB>`.
+    Named(&'a Type),
+}
+
+/// The `&mut` database parameter of a handler.
+pub struct DatabaseParam<'a> {
+    /// The type behind `&mut`, as written.
+    pub handle: &'a Type,
+    pub database: Database<'a>,
+}
 
 /// The shape of an annotated function: which parameter is the database handle, which is the
 /// message, and what it returns. Every part is a reference into the original tokens.
 pub struct HandlerFn<'a> {
     pub original: &'a ItemFn,
-    /// The `&mut T` database parameter, if the handler takes one.
-    pub database: Option<&'a TypeReference>,
+    /// The database parameter, if the handler takes one.
+    pub database: Option<DatabaseParam<'a>>,
     pub message: &'a Type,
     pub output: &'a Type,
 }
@@ -20,8 +38,11 @@ impl<'a> HandlerFn<'a> {
         let params = typed_params(cx, original)?;
         let output = output_type(cx, original);
         let (database, message) = match params.as_slice() {
-            [message] => (None, &*message.ty),
-            [database, message] => (database_param(cx, database), &*message.ty),
+            [message] => (None, message_param(cx, message)),
+            [database, message] => (
+                Some(database_param(cx, database)?),
+                message_param(cx, message),
+            ),
             _ => {
                 let message = format!(
                     "an inbox handler takes `(handle, message)` or `(message)`; this one takes {} parameters",
@@ -34,7 +55,7 @@ impl<'a> HandlerFn<'a> {
         Some(Self {
             original,
             database,
-            message,
+            message: message?,
             output: output?,
         })
     }
@@ -54,32 +75,127 @@ fn typed_params<'a>(cx: &Ctxt, original: &'a ItemFn) -> Option<Vec<&'a PatType>>
     }
     if params.is_empty() {
         let message = "an inbox handler needs the message as a parameter, like `async fn handle(tx: &mut sqlx::PgConnection, msg: OrderPaid)`";
-        cx.error_spanned_by(&original.sig, message);
+        cx.syn_error(syn::Error::new(
+            original.sig.paren_token.span.join(),
+            message,
+        ));
         return None;
     }
     Some(params)
 }
 
-/// The database parameter must be `&mut` something; whether that something is a database handle
-/// is checked by a trait bound at the type.
-fn database_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<&'a TypeReference> {
-    match &*param.ty {
-        Type::Reference(reference) if reference.mutability.is_some() => Some(reference),
-        other => {
-            let message = "the first parameter must be a mutable reference to a database handle, like `&mut sqlx::PgConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`";
-            cx.error_spanned_by(other, message);
+/// The message is taken by value, as a concrete type.
+fn message_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<&'a Type> {
+    match ungroup(&param.ty) {
+        Type::Reference(reference) => {
+            let message = "take the message by value, like `msg: OrderPaid`: the inbox hands each handler its own decoded copy";
+            cx.error_spanned_by(reference.and_token, message);
             None
         }
+        Type::ImplTrait(generic) => {
+            cx.error_spanned_by(
+                generic,
+                "an inbox handler cannot be generic; take a concrete message type",
+            );
+            None
+        }
+        _ => Some(&param.ty),
+    }
+}
+
+/// The database parameter is `&mut` one of the handles the inbox knows; which database it names
+/// decides the `Handler<DB>` implementation.
+fn database_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<DatabaseParam<'a>> {
+    const EXPECTED: &str = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message";
+    let reference: &TypeReference = match ungroup(&param.ty) {
+        Type::Reference(reference) if reference.mutability.is_some() => reference,
+        other => {
+            let message = format!(
+                "the first parameter must be a mutable reference to a database handle; {EXPECTED}"
+            );
+            cx.error_spanned_by(other, message);
+            return None;
+        }
+    };
+    let database = match ungroup(&reference.elem) {
+        Type::Path(path) => database_of(path),
+        _ => None,
+    };
+    let Some(database) = database else {
+        let elem = &reference.elem;
+        let written = quote::quote!(#elem).to_string().replace(" :: ", "::");
+        let message = format!("`{written}` is not a database handle; {EXPECTED}");
+        cx.error_spanned_by(&reference.elem, message);
+        return None;
+    };
+    Some(DatabaseParam {
+        handle: &reference.elem,
+        database,
+    })
+}
+
+fn database_of(path: &TypePath) -> Option<Database<'_>> {
+    let last = path.path.segments.last()?;
+    match last.ident.to_string().as_str() {
+        "PgConnection" => Some(Database::Postgres),
+        "SqliteConnection" => Some(Database::Sqlite),
+        "Transaction" | "Context" => first_type_argument(&last.arguments).map(Database::Named),
+        _ => None,
+    }
+}
+
+/// The first type argument: the `DB` of `Transaction<'_, DB>`, the `T` of `Result<T, E>`.
+fn first_type_argument(arguments: &PathArguments) -> Option<&Type> {
+    let PathArguments::AngleBracketed(arguments) = arguments else {
+        return None;
+    };
+    arguments.args.iter().find_map(|argument| match argument {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
+}
+
+/// A type passed through a `macro_rules!` fragment arrives wrapped in an invisible group.
+fn ungroup(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => ungroup(&group.elem),
+        Type::Paren(paren) => ungroup(&paren.elem),
+        other => other,
     }
 }
 
 fn output_type<'a>(cx: &Ctxt, original: &'a ItemFn) -> Option<&'a Type> {
-    match &original.sig.output {
-        ReturnType::Type(_, ty) => Some(ty),
-        ReturnType::Default => {
-            let message = "an inbox handler must return `Result<(), E>`; add `-> Result<(), inbox::HandlerError>`";
-            cx.error_spanned_by(&original.sig, message);
-            None
+    let ReturnType::Type(_, ty) = &original.sig.output else {
+        let message = "an inbox handler must return `Result<(), E>`; add `-> Result<(), inbox::HandlerError>`";
+        cx.syn_error(syn::Error::new(
+            original.sig.paren_token.span.close(),
+            message,
+        ));
+        return None;
+    };
+    if let Some(problem) = not_a_unit_result(ty) {
+        cx.error_spanned_by(ty, problem);
+        return None;
+    }
+    Some(ty)
+}
+
+/// Catches return types that are visibly not `Result<(), E>`; anything else (aliases included) is
+/// checked by a trait bound at the type.
+fn not_a_unit_result(ty: &Type) -> Option<&'static str> {
+    match ungroup(ty) {
+        Type::Tuple(_) | Type::Reference(_) | Type::Array(_) | Type::Slice(_) | Type::Never(_) => {
+            Some(
+                "an inbox handler must return `Result<(), E>`, like `Result<(), inbox::HandlerError>`",
+            )
         }
+        Type::Path(path) => {
+            let last = path.path.segments.last()?;
+            let ok = first_type_argument(&last.arguments)?;
+            let is_unit = matches!(ungroup(ok), Type::Tuple(tuple) if tuple.elems.is_empty());
+            (last.ident == "Result" && !is_unit)
+                .then_some("a handler's result carries nothing back: return `Result<(), E>`; keep values in the database")
+        }
+        _ => None,
     }
 }

@@ -5,10 +5,9 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::visit_mut::VisitMut;
-use syn::{Attribute, Ident, ItemFn, Lifetime, Type};
+use syn::{Attribute, Ident, ItemFn};
 
-use super::ast::HandlerFn;
+use super::ast::{Database, DatabaseParam, HandlerFn};
 use super::attr::Args;
 
 /// Everything the expansion needs, resolved once.
@@ -78,26 +77,23 @@ impl Expansion<'_> {
         let inner = &self.inner;
         let message = self.handler.message;
         let output = self.handler.output;
-        let (fn_ptr, boxed) = match self.handler.database {
-            Some(database) => {
-                let handle = &database.elem;
-                (
-                    quote!(for<'__inbox_c> fn(&'__inbox_c mut #handle, #message) -> #krate::__private::BoxFuture<'__inbox_c, #output>),
-                    quote! {
-                        fn __inbox_boxed<'__inbox_c>(
-                            handle: &'__inbox_c mut #handle,
-                            message: #message,
-                        ) -> #krate::__private::BoxFuture<'__inbox_c, #output> {
-                            ::std::boxed::Box::pin(#inner(handle, message))
-                        }
-                    },
-                )
-            }
+        let (fn_ptr, boxed) = match &self.handler.database {
+            Some(DatabaseParam { handle, .. }) => (
+                quote!(for<'__inbox_c> fn(&'__inbox_c mut #handle, #message) -> #krate::__private::BoxFuture<'__inbox_c, #output>),
+                quote! {
+                    fn __inbox_boxed<'__inbox_c>(
+                        __inbox_handle: &'__inbox_c mut #handle,
+                        __inbox_message: #message,
+                    ) -> #krate::__private::BoxFuture<'__inbox_c, #output> {
+                        ::std::boxed::Box::pin(#inner(__inbox_handle, __inbox_message))
+                    }
+                },
+            ),
             None => (
                 quote!(fn(#message) -> #krate::__private::BoxFuture<'static, #output>),
                 quote! {
-                    fn __inbox_boxed(message: #message) -> #krate::__private::BoxFuture<'static, #output> {
-                        ::std::boxed::Box::pin(#inner(message))
+                    fn __inbox_boxed(__inbox_message: #message) -> #krate::__private::BoxFuture<'static, #output> {
+                        ::std::boxed::Box::pin(#inner(__inbox_message))
                     }
                 },
             ),
@@ -124,8 +120,8 @@ impl Expansion<'_> {
         let handler_name = self.handler_name();
         let identity = self.identity();
         let call = self.call();
-        let (generics, database) = match self.handler.database {
-            Some(database) => (quote!(), database_of(krate, &database.elem)),
+        let (generics, database) = match &self.handler.database {
+            Some(param) => (quote!(), self.database(param)),
             None => (
                 quote!(<__InboxDb: #krate::__private::Backend>),
                 quote!(__InboxDb),
@@ -136,21 +132,21 @@ impl Expansion<'_> {
             impl #generics #krate::__private::Handler<#database> for #name {
                 type Message = #message;
 
-                fn name(&self) -> &'static str {
+                fn name(&self) -> &'static ::core::primitive::str {
                     #handler_name
                 }
 
                 fn identity(
                     &self,
-                    message: &#message,
+                    __inbox_message: &#message,
                 ) -> ::core::result::Result<#krate::__private::Identity, #krate::__private::Error> {
                     #identity
                 }
 
                 fn handle<'__inbox_c, '__inbox_t>(
                     &'__inbox_c self,
-                    ctx: &'__inbox_c mut #krate::__private::Context<'__inbox_t, #database>,
-                    message: #message,
+                    __inbox_ctx: &'__inbox_c mut #krate::__private::Context<'__inbox_t, #database>,
+                    __inbox_message: #message,
                 ) -> #krate::__private::BoxFuture<
                     '__inbox_c,
                     ::core::result::Result<(), #krate::__private::HandlerError>,
@@ -174,19 +170,29 @@ impl Expansion<'_> {
     fn identity(&self) -> TokenStream {
         let krate = &self.krate;
         let keys = self.args.key.iter().flat_map(|(_, fields)| fields).map(|field| {
-            quote_spanned!(field.span()=> #krate::__private::Identifier::to_identifier(&message.#field))
+            quote_spanned!(field.span()=> #krate::__private::Identifier::to_identifier(&(*__inbox_message).#field))
         });
         let aggregate = match &self.args.aggregate {
             Some(field) => quote_spanned!(field.span()=>
-                ::core::option::Option::Some(#krate::__private::Identifier::to_identifier(&message.#field))),
+                ::core::option::Option::Some(#krate::__private::Identifier::to_identifier(&(*__inbox_message).#field))),
             None => quote!(::core::option::Option::None),
         };
         let sequence = match &self.args.sequence {
             Some(field) => quote_spanned!(field.span()=>
-                ::core::option::Option::Some(#krate::__private::SequenceNumber::to_sequence(&message.#field))),
+                ::core::option::Option::Some(#krate::__private::SequenceNumber::to_sequence(&(*__inbox_message).#field))),
             None => quote!(::core::option::Option::None),
         };
         quote!(#krate::__private::Identity::new(&[#(#keys),*], #aggregate, #sequence))
+    }
+
+    /// The database type of the `Handler<DB>` implementation.
+    fn database(&self, param: &DatabaseParam<'_>) -> TokenStream {
+        let krate = &self.krate;
+        match param.database {
+            Database::Postgres => quote!(#krate::__private::Postgres),
+            Database::Sqlite => quote!(#krate::__private::Sqlite),
+            Database::Named(database) => quote!(#database),
+        }
     }
 
     /// Calls the moved function with the handle borrowed from the context; the conversions are
@@ -195,37 +201,21 @@ impl Expansion<'_> {
         let krate = &self.krate;
         let inner = &self.inner;
         let output = self.handler.output;
-        let invocation = match self.handler.database {
-            Some(database) => {
-                let handle = &database.elem;
+        let invocation = match &self.handler.database {
+            Some(param) => {
+                let handle = param.handle;
+                let database = self.database(param);
                 let borrow = quote_spanned!(handle.span()=>
-                    <#handle as #krate::__private::DatabaseHandle<'__inbox_t>>::from_context(ctx));
-                quote!(#inner(#borrow, message))
+                    <#handle as #krate::__private::DatabaseHandle<'__inbox_t, #database>>::from_context(__inbox_ctx));
+                quote!(#inner(#borrow, __inbox_message))
             }
             None => quote!({
-                let _ = ctx;
-                #inner(message)
+                let _ = __inbox_ctx;
+                #inner(__inbox_message)
             }),
         };
         quote_spanned!(output.span()=>
-            #krate::__private::HandlerResult::into_handler_result(#invocation.await))
-    }
-}
-
-/// `<Handle<'static> as DatabaseHandle<'static>>::Database`: the database a handle type talks to,
-/// named in the impl header where elided lifetimes are not allowed.
-fn database_of(krate: &syn::Path, handle: &Type) -> TokenStream {
-    let mut handle = handle.clone();
-    StaticLifetimes.visit_type_mut(&mut handle);
-    quote_spanned!(handle.span()=>
-        <#handle as #krate::__private::DatabaseHandle<'static>>::Database)
-}
-
-struct StaticLifetimes;
-
-impl VisitMut for StaticLifetimes {
-    fn visit_lifetime_mut(&mut self, lifetime: &mut Lifetime) {
-        *lifetime = Lifetime::new("'static", lifetime.span());
+            <#output as #krate::__private::HandlerResult>::into_handler_result(#invocation.await))
     }
 }
 

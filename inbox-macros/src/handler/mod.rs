@@ -11,31 +11,32 @@ use syn::ItemFn;
 
 use crate::ctxt::Ctxt;
 
-/// Expands the attribute; on error, emits the user's function unchanged next to the errors so the
-/// rest of the crate does not drown in follow-up errors.
+/// Expands the attribute. Errors come out as `compile_error!`s next to code that keeps the rest of
+/// the crate compiling: the full handler when only the arguments are wrong (so uses of the handler
+/// do not pile up follow-up errors), else the user's function unchanged.
 pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let original: ItemFn = match syn::parse2(item.clone()) {
         Ok(original) => original,
-        Err(error) => return with_error(item, error),
+        Err(error) => return with_errors(item, [Err(error)]),
     };
-    match try_expand(args, &original) {
-        Ok(tokens) => tokens,
-        Err(error) => with_error(original.into_token_stream(), error),
+    let shape_cx = Ctxt::new();
+    let handler = ast::HandlerFn::from_syn(&shape_cx, &original);
+    valid::check_shape(&shape_cx, &original);
+    let args_cx = Ctxt::new();
+    let args = attr::Args::from_tokens(&args_cx, args);
+    valid::check_args(&args_cx, &args);
+    match (handler, shape_cx.check()) {
+        (Some(handler), Ok(())) => with_errors(expand::handler(&args, &handler), [args_cx.check()]),
+        (_, shape) => with_errors(original.into_token_stream(), [shape, args_cx.check()]),
     }
 }
 
-fn try_expand(args: TokenStream, original: &ItemFn) -> syn::Result<TokenStream> {
-    let cx = Ctxt::new();
-    let args = attr::Args::from_tokens(&cx, args);
-    let handler = ast::HandlerFn::from_syn(&cx, original);
-    valid::check(&cx, &args, original);
-    cx.check()?;
-    let handler = handler.expect("a handler that passed the checks has a shape");
-    Ok(expand::handler(&args, &handler))
-}
-
-fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
-    let mut tokens = item;
-    tokens.extend(error.into_compile_error());
+fn with_errors<const N: usize>(
+    mut tokens: TokenStream,
+    checks: [syn::Result<()>; N],
+) -> TokenStream {
+    for error in checks.into_iter().filter_map(Result::err) {
+        tokens.extend(error.into_compile_error());
+    }
     tokens
 }

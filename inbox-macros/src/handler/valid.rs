@@ -1,4 +1,4 @@
-//! Rules across arguments and the function's shape, one small function each.
+//! Rules on the function's shape and across arguments, one small function each.
 
 use proc_macro2::Span;
 use syn::ItemFn;
@@ -6,10 +6,15 @@ use syn::ItemFn;
 use super::attr::Args;
 use crate::ctxt::Ctxt;
 
-/// Runs every check, recording all failures in `cx`.
-pub fn check(cx: &Ctxt, args: &Args, original: &ItemFn) {
+/// Checks what makes a function unusable as a handler whatever its arguments.
+pub fn check_shape(cx: &Ctxt, original: &ItemFn) {
     check_async(cx, original);
+    check_safe(cx, original);
     check_not_generic(cx, original);
+}
+
+/// Checks the attribute's arguments against each other.
+pub fn check_args(cx: &Ctxt, args: &Args) {
     check_key(cx, args);
     check_sequence_has_aggregate(cx, args);
     check_name(cx, args);
@@ -22,12 +27,22 @@ fn check_async(cx: &Ctxt, original: &ItemFn) {
     }
 }
 
+fn check_safe(cx: &Ctxt, original: &ItemFn) {
+    if let Some(unsafety) = original.sig.unsafety {
+        let message =
+            "an inbox handler cannot be `unsafe`; keep the unsafe code in a block inside it";
+        cx.error_spanned_by(unsafety, message);
+    }
+}
+
 fn check_not_generic(cx: &Ctxt, original: &ItemFn) {
     let generics = &original.sig.generics;
-    if !generics.params.is_empty() || generics.where_clause.is_some() {
-        let message =
-            "an inbox handler cannot be generic; write it for one message type and one database";
-        cx.error_spanned_by(generics, message);
+    let message =
+        "an inbox handler cannot be generic; write it for one message type and one database";
+    if !generics.params.is_empty() {
+        cx.error_spanned_by(&generics.params, message);
+    } else if let Some(where_clause) = &generics.where_clause {
+        cx.error_spanned_by(where_clause, message);
     }
 }
 

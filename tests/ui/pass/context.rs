@@ -17,7 +17,7 @@ async fn mark_paid(
     let _sequence: Option<i64> = ctx.sequence();
     sqlx::query("UPDATE orders SET paid = 1 WHERE id = $1")
         .bind(msg.order_id)
-        .execute(&mut ***ctx)
+        .execute(&mut **ctx)
         .await?;
     Ok(())
 }

@@ -42,6 +42,9 @@ struct BoxFuture;
 struct __InboxDb;
 struct __inbox_handler;
 struct __inbox_boxed;
+struct message;
+struct ctx;
+struct handle;
 mod inbox {}
 
 #[derive(::std::fmt::Debug, ::std::clone::Clone, Serialize, Deserialize, Message)]
