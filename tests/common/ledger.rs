@@ -42,6 +42,7 @@ pub const LEDGER_TABLES: [&str; 3] = [
 ///   frozen (after writing, so a missing rollback shows), and credits the balance with a
 ///   read-modify-write that loses updates unless the handlers of one account are serialized;
 /// - `audit` (key only, its own dedup scope): appends to `audit_log`.
+#[allow(unused_macros)]
 macro_rules! ledger_handlers {
     ($conn:ty) => {
         #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "account")]
@@ -86,4 +87,5 @@ macro_rules! ledger_handlers {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use ledger_handlers;

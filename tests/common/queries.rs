@@ -2,6 +2,7 @@
 //! `ledger_queries!`, next to the handlers of `ledger_handlers!`.
 
 /// Defines `setup`, `balance`, `applied`, `status`, `last_sequence`, `freeze` for `Pool<$db>`.
+#[allow(unused_macros)]
 macro_rules! ledger_queries {
     ($db:ty) => {
         pub type Pool = sqlx::Pool<$db>;
@@ -68,4 +69,5 @@ macro_rules! ledger_queries {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use ledger_queries;
