@@ -13,12 +13,18 @@ macro_rules! guard_suite {
         use $crate::common::ledger::Credited;
 
         $crate::common::ledger::ledger_handlers!($conn);
-        $crate::common::queries::ledger_queries!($db);
+        $crate::common::queries::ledger_queries!($db, $connect);
 
-        async fn ledger(test: &str) -> Option<Pool> {
-            let pool = $connect(test).await?;
-            setup(&pool).await;
-            Some(pool)
+        /// Guards one `Credited` event through `credit`.
+        async fn apply(
+            pool: &Pool,
+            event_id: &str,
+            account: &str,
+            sequence: i64,
+            amount: i64,
+        ) -> Outcome {
+            let event = Credited::new(event_id, account, sequence, amount);
+            credit.process(pool, event).await.expect("process")
         }
 
         /// Runs `process` of `message` from `tasks` concurrent tasks and counts the outcomes.
@@ -115,27 +121,9 @@ macro_rules! guard_suite {
                 return;
             };
 
-            assert_eq!(
-                credit
-                    .process(&pool, Credited::new("e-1", "acct", 5, 1))
-                    .await
-                    .unwrap(),
-                Outcome::Processed
-            );
-            assert_eq!(
-                credit
-                    .process(&pool, Credited::new("e-2", "acct", 5, 2))
-                    .await
-                    .unwrap(),
-                Outcome::Stale
-            );
-            assert_eq!(
-                credit
-                    .process(&pool, Credited::new("e-3", "acct", 9, 4))
-                    .await
-                    .unwrap(),
-                Outcome::Processed
-            );
+            assert_eq!(apply(&pool, "e-1", "acct", 5, 1).await, Outcome::Processed);
+            assert_eq!(apply(&pool, "e-2", "acct", 5, 2).await, Outcome::Stale);
+            assert_eq!(apply(&pool, "e-3", "acct", 9, 4).await, Outcome::Processed);
 
             assert_eq!(balance(&pool, "acct").await, 5);
             assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(9));
@@ -235,20 +223,8 @@ macro_rules! guard_suite {
                 return;
             };
 
-            assert_eq!(
-                credit
-                    .process(&pool, Credited::new("e-1", "acct", 1, 30))
-                    .await
-                    .unwrap(),
-                Outcome::Processed
-            );
-            assert_eq!(
-                credit
-                    .process(&pool, Credited::new("e-1", "acct", 1, 99))
-                    .await
-                    .unwrap(),
-                Outcome::Conflict
-            );
+            assert_eq!(apply(&pool, "e-1", "acct", 1, 30).await, Outcome::Processed);
+            assert_eq!(apply(&pool, "e-1", "acct", 1, 99).await, Outcome::Conflict);
 
             assert_eq!(balance(&pool, "acct").await, 30);
             assert_eq!(count(&pool, "applied").await, 1);

@@ -201,9 +201,7 @@ async fn each_consumer_handles_every_message_once() {
 
 #[tokio::test]
 async fn building_without_the_schema_says_to_migrate() {
-    let path = std::env::temp_dir().join(format!("inbox_unmigrated_{}.db", std::process::id()));
-    let options = inbox::sqlite_options(&format!("sqlite://{}", path.display())).unwrap();
-    let pool = SqlitePool::connect_with(options).await.unwrap();
+    let pool = common::sqlite_without_schema("unmigrated").await;
 
     let error = Inbox::builder(pool)
         .handler(count_tenant_event)
@@ -251,13 +249,7 @@ async fn migrations_are_idempotent_and_kept_apart_from_the_application() {
 
 #[tokio::test]
 async fn printed_schema_is_enough_to_run() {
-    let path = std::env::temp_dir().join(format!("inbox_own_ddl_{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let pool = SqlitePool::connect_with(
-        inbox::sqlite_options(&format!("sqlite://{}", path.display())).unwrap(),
-    )
-    .await
-    .unwrap();
+    let pool = common::sqlite_without_schema("own_ddl").await;
 
     sqlx::raw_sql(inbox::schema::<Sqlite>())
         .execute(&pool)

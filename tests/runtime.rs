@@ -13,13 +13,7 @@ macro_rules! runtime_suite {
         use $crate::common::ledger::Credited;
 
         $crate::common::ledger::ledger_handlers!($conn);
-        $crate::common::queries::ledger_queries!($db);
-
-        async fn ledger(test: &str) -> Option<Pool> {
-            let pool = $connect(test).await?;
-            setup(&pool).await;
-            Some(pool)
-        }
+        $crate::common::queries::ledger_queries!($db, $connect);
 
         async fn billing(pool: &Pool, workers: usize) -> Inbox<$db> {
             Inbox::builder(pool.clone())

@@ -137,13 +137,13 @@ macro_rules! sql_backend {
                 claim: &Claim<'_>,
             ) -> Result<Claimed, sqlx::Error> {
                 let inserted = sqlx::query(INSERT_CLAIM)
-                    .bind(claim.consumer.to_owned())
-                    .bind(claim.handler.to_owned())
-                    .bind(claim.message_id.to_owned())
-                    .bind(claim.message_type.to_owned())
-                    .bind(claim.aggregate.map(str::to_owned))
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(claim.message_id)
+                    .bind(claim.message_type)
+                    .bind(claim.aggregate)
                     .bind(claim.sequence)
-                    .bind(claim.payload_hash.to_vec())
+                    .bind(claim.payload_hash)
                     .execute(&mut *conn)
                     .await?
                     .rows_affected();
@@ -151,9 +151,9 @@ macro_rules! sql_backend {
                     return Ok(Claimed::New);
                 }
                 let payload_hash: Vec<u8> = sqlx::query_scalar(SELECT_CLAIM)
-                    .bind(claim.consumer.to_owned())
-                    .bind(claim.handler.to_owned())
-                    .bind(claim.message_id.to_owned())
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(claim.message_id)
                     .fetch_one(&mut *conn)
                     .await?;
                 Ok(Claimed::Seen { payload_hash })
@@ -164,9 +164,9 @@ macro_rules! sql_backend {
                 claim: &Claim<'_>,
             ) -> Result<(), sqlx::Error> {
                 sqlx::query(MARK_STALE)
-                    .bind(claim.consumer.to_owned())
-                    .bind(claim.handler.to_owned())
-                    .bind(claim.message_id.to_owned())
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(claim.message_id)
                     .execute(&mut *conn)
                     .await?;
                 Ok(())
@@ -179,9 +179,9 @@ macro_rules! sql_backend {
                 sequence: i64,
             ) -> Result<bool, sqlx::Error> {
                 let advanced = sqlx::query(ADVANCE_STREAM)
-                    .bind(claim.consumer.to_owned())
-                    .bind(claim.handler.to_owned())
-                    .bind(aggregate.to_owned())
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(aggregate)
                     .bind(sequence)
                     .execute(&mut *conn)
                     .await?
@@ -195,9 +195,9 @@ macro_rules! sql_backend {
                 aggregate: &str,
             ) -> Result<(), sqlx::Error> {
                 sqlx::query(LOCK_STREAM)
-                    .bind(claim.consumer.to_owned())
-                    .bind(claim.handler.to_owned())
-                    .bind(aggregate.to_owned())
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(aggregate)
                     .execute(&mut *conn)
                     .await?;
                 Ok(())

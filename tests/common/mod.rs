@@ -30,16 +30,21 @@ pub mod queries;
 
 /// A migrated SQLite database in a new file (always available; `Option` to match [`postgres`]).
 pub async fn sqlite(test: &str) -> Option<SqlitePool> {
+    let pool = sqlite_without_schema(test).await;
+    inbox::migrate(&pool).await.expect("migrate SQLite");
+    Some(pool)
+}
+
+/// An empty SQLite database in a new file, with the inbox's connection options.
+pub async fn sqlite_without_schema(test: &str) -> SqlitePool {
     let path = std::env::temp_dir().join(format!("inbox_{}.db", unique(test)));
     let url = format!("sqlite://{}", path.display());
     let options = inbox::sqlite_options(&url).expect("valid SQLite URL");
-    let pool = SqlitePoolOptions::new()
+    SqlitePoolOptions::new()
         .max_connections(8)
         .connect_with(options)
         .await
-        .expect("open SQLite");
-    inbox::migrate(&pool).await.expect("migrate SQLite");
-    Some(pool)
+        .expect("open SQLite")
 }
 
 /// A migrated PostgreSQL schema of its own, or `None` (with a line saying so) when no server is

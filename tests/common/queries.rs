@@ -1,17 +1,20 @@
 //! Reads of the ledger and of the inbox tables, for assertions. Defined per database by
 //! `ledger_queries!`, next to the handlers of `ledger_handlers!`.
 
-/// Defines `setup`, `balance`, `applied`, `status`, `last_sequence`, `freeze` for `Pool<$db>`.
+/// Defines, for `Pool<$db>`: `ledger` (a database from `$connect` with the ledger's tables),
+/// `balance`, `applied`, `count`, `status`, `last_sequence` and `freeze`.
 #[allow(unused_macros)]
 macro_rules! ledger_queries {
-    ($db:ty) => {
+    ($db:ty, $connect:path) => {
         pub type Pool = sqlx::Pool<$db>;
 
-        /// Creates the ledger's tables.
-        pub async fn setup(pool: &Pool) {
+        /// A fresh database with the ledger's tables, or `None` if this backend is not configured.
+        pub async fn ledger(test: &str) -> Option<Pool> {
+            let pool = $connect(test).await?;
             for ddl in $crate::common::ledger::LEDGER_TABLES {
-                sqlx::query(ddl).execute(pool).await.expect("create ledger table");
+                sqlx::query(ddl).execute(&pool).await.expect("create ledger table");
             }
+            Some(pool)
         }
 
         pub async fn balance(pool: &Pool, account: &str) -> i64 {
