@@ -55,9 +55,9 @@
 #![warn(missing_docs)]
 
 pub use inbox_core::{
-    Backend, Context, DEFAULT_CONSUMER, DatabaseHandle, Envelope, Error, Handler, HandlerError,
-    Headers, Identifier, Identity, MAX_ID_LEN, MIGRATIONS_TABLE, Message, Outcome, SequenceNumber,
-    migrate, schema, sqlite_options,
+    Backend, Context, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Envelope, Error,
+    ExpiredGap, Handler, HandlerError, Headers, Identifier, Identity, MAX_ID_LEN, MIGRATIONS_TABLE,
+    Message, Ordering, Outcome, SequenceNumber, StoredMessage, migrate, schema, sqlite_options,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;
@@ -76,8 +76,8 @@ pub mod prelude {
 pub mod __private {
     pub use futures::future::BoxFuture;
     pub use inbox_core::{
-        Backend, Context, DatabaseHandle, Error, Handler, HandlerError, HandlerResult, Identifier,
-        Identity, Message, SequenceNumber,
+        Backend, Context, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Error, Handler, HandlerError,
+        HandlerResult, Identifier, Identity, Message, Ordering, SequenceNumber,
     };
     pub use sqlx::{Postgres, Sqlite};
 }

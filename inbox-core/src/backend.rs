@@ -1,8 +1,8 @@
 //! The storage side of the guard: one implementation per database, sharing the same SQL.
 //!
 //! The statements use `$n` placeholders and `CURRENT_TIMESTAMP`, which PostgreSQL and SQLite both
-//! understand; what differs between the backends is how a guarded transaction begins and where the
-//! schema comes from.
+//! understand; what differs between the backends is how a guarded transaction begins, how a
+//! time window is written, and where the schema comes from.
 
 use std::future::Future;
 
@@ -28,6 +28,48 @@ pub struct Claim<'a> {
     pub payload_hash: &'a [u8],
 }
 
+impl<'a> Claim<'a> {
+    /// The dedup row this claim inserts.
+    pub fn key(&self) -> MessageKey<'a> {
+        MessageKey {
+            consumer: self.consumer,
+            handler: self.handler,
+            message_id: self.message_id,
+        }
+    }
+
+    /// The ordering stream of the message, if it names an aggregate.
+    pub fn stream(&self) -> Option<Stream<'a>> {
+        Some(Stream {
+            consumer: self.consumer,
+            handler: self.handler,
+            aggregate: self.aggregate?,
+        })
+    }
+}
+
+/// The primary key of a dedup row.
+#[derive(Debug, Clone, Copy)]
+pub struct MessageKey<'a> {
+    /// The consumer group.
+    pub consumer: &'a str,
+    /// The handler's name.
+    pub handler: &'a str,
+    /// The dedup key.
+    pub message_id: &'a str,
+}
+
+/// The primary key of an ordering stream: one aggregate, for one handler of one consumer.
+#[derive(Debug, Clone, Copy)]
+pub struct Stream<'a> {
+    /// The consumer group.
+    pub consumer: &'a str,
+    /// The handler's name.
+    pub handler: &'a str,
+    /// The aggregate.
+    pub aggregate: &'a str,
+}
+
 /// The answer to a [`Claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
@@ -38,6 +80,38 @@ pub enum Claimed {
         /// The hash stored when the message was first recorded.
         payload_hash: Vec<u8>,
     },
+}
+
+/// A message parked by strict ordering, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ParkedMessage {
+    /// The dedup key.
+    pub message_id: String,
+    /// Its place in the aggregate's stream.
+    pub sequence_number: i64,
+    /// The canonical JSON encoding of the message.
+    pub payload: Vec<u8>,
+    /// The delivery's headers, as a JSON object.
+    pub headers: Option<String>,
+}
+
+/// A dedup row as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredMessage {
+    /// The handler (dedup scope).
+    pub handler: String,
+    /// The dedup key.
+    pub message_id: String,
+    /// The type tag.
+    pub message_type: String,
+    /// The aggregate, if any.
+    pub aggregate_id: Option<String>,
+    /// The sequence, if any.
+    pub sequence_number: Option<i64>,
+    /// `processed`, `stale`, `parked` or `dead`.
+    pub status: String,
+    /// Why the message is dead, if it is.
+    pub error_text: Option<String>,
 }
 
 /// A database the inbox can guard messages in.
@@ -60,31 +134,84 @@ pub trait Backend: sqlx::Database {
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Claimed, sqlx::Error>> + Send;
 
-    /// Records that a claimed message was skipped as stale.
-    fn mark_stale(
+    /// Sets the status of a dedup row (`processed`, `stale`), dropping any parked payload.
+    fn settle(
         conn: &mut Self::Connection,
-        claim: &Claim<'_>,
+        key: &MessageKey<'_>,
+        status: &'static str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
-    /// Locks the aggregate's stream row, creating it if missing, and moves it to `sequence` if that
-    /// is newer than the last applied one. Returns `false` when it is not newer (stale).
+    /// Locks the stream row, creating it if missing, and moves it to `sequence` if that is newer
+    /// than the last applied one. Returns `false` when it is not newer (stale).
     ///
     /// Creation is an upsert on the primary key, so two first messages of a new aggregate serialize
     /// on the key instead of both seeing "no row".
     fn advance_stream(
         conn: &mut Self::Connection,
-        claim: &Claim<'_>,
-        aggregate: &str,
+        stream: &Stream<'_>,
         sequence: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Locks the aggregate's stream row (creating it if missing) without moving it: serializes the
-    /// handlers of one aggregate that have no sequence.
+    /// Locks the stream row (creating it at 0 if missing, race-free like
+    /// [`advance_stream`](Backend::advance_stream)) and returns the last applied sequence.
     fn lock_stream(
         conn: &mut Self::Connection,
-        claim: &Claim<'_>,
-        aggregate: &str,
+        stream: &Stream<'_>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Moves a locked stream row to `sequence`.
+    fn set_stream(
+        conn: &mut Self::Connection,
+        stream: &Stream<'_>,
+        sequence: i64,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Marks a claimed message parked, keeping its payload and headers.
+    fn park(
+        conn: &mut Self::Connection,
+        key: &MessageKey<'_>,
+        payload: &[u8],
+        headers: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The parked message of the stream with the lowest sequence, if that sequence is at most
+    /// `up_to`.
+    fn next_parked(
+        conn: &mut Self::Connection,
+        stream: &Stream<'_>,
+        up_to: i64,
+    ) -> impl Future<Output = Result<Option<ParkedMessage>, sqlx::Error>> + Send;
+
+    /// The aggregates of `handler` whose lowest parked message can be released now.
+    fn releasable(
+        pool: &Pool<Self>,
+        consumer: &str,
+        handler: &str,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+
+    /// Moves a stream to just before its lowest parked message (an operator skipping a gap that
+    /// will not fill). Returns `false` if nothing is parked.
+    fn skip_gap(
+        conn: &mut Self::Connection,
+        stream: &Stream<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Marks dead the parked messages of every aggregate of `handler` whose oldest parked message
+    /// has waited longer than `timeout_secs`, with the reason "gap timeout at sequence n" (n: the
+    /// missing one). Returns `(aggregate, missing sequence, messages)` per aggregate.
+    fn expire_gaps(
+        conn: &mut Self::Connection,
+        consumer: &str,
+        handler: &str,
+        timeout_secs: f64,
+    ) -> impl Future<Output = Result<Vec<(String, i64, i64)>, sqlx::Error>> + Send;
+
+    /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
+    fn list(
+        pool: &Pool<Self>,
+        consumer: &str,
+        status: &str,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, sqlx::Error>> + Send;
 
     /// Applies the inbox schema migrations that have not run yet.
     fn migrate(
@@ -106,7 +233,12 @@ const INSERT_CLAIM: &str = "INSERT INTO inbox_messages \
 const SELECT_CLAIM: &str = "SELECT payload_hash FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
-const MARK_STALE: &str = "UPDATE inbox_messages SET status = 'stale' \
+const SETTLE: &str = "UPDATE inbox_messages \
+    SET status = $4, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3";
+
+const PARK: &str = "UPDATE inbox_messages \
+    SET status = 'parked', payload = $4, headers = $5, processed_at = NULL \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
 const ADVANCE_STREAM: &str = "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
@@ -117,7 +249,32 @@ const ADVANCE_STREAM: &str = "INSERT INTO inbox_streams (consumer, handler, aggr
 
 const LOCK_STREAM: &str = "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
     VALUES ($1, $2, $3, 0) \
-    ON CONFLICT (consumer, handler, aggregate_id) DO UPDATE SET updated_at = CURRENT_TIMESTAMP";
+    ON CONFLICT (consumer, handler, aggregate_id) DO UPDATE SET updated_at = CURRENT_TIMESTAMP \
+    RETURNING last_sequence";
+
+const SET_STREAM: &str = "UPDATE inbox_streams SET last_sequence = $4, updated_at = CURRENT_TIMESTAMP \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3";
+
+const NEXT_PARKED: &str = "SELECT message_id, sequence_number, payload, headers FROM inbox_messages \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked' \
+    AND sequence_number <= $4 ORDER BY sequence_number LIMIT 1";
+
+const RELEASABLE: &str = "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
+    JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+    WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
+    AND m.sequence_number <= s.last_sequence + 1";
+
+const SKIP_GAP: &str = "UPDATE inbox_streams SET last_sequence = parked.first - 1, updated_at = CURRENT_TIMESTAMP \
+    FROM (SELECT MIN(sequence_number) AS first FROM inbox_messages \
+          WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked') AS parked \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND parked.first IS NOT NULL";
+
+const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text = $4 \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
+
+const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text \
+    FROM inbox_messages WHERE consumer = $1 AND status = $2 \
+    ORDER BY handler, aggregate_id, sequence_number, message_id";
 
 const CHECK_SCHEMA: &str = "SELECT 1 FROM inbox_messages, inbox_streams WHERE 1 = 0";
 
@@ -126,16 +283,19 @@ const CHECK_SCHEMA: &str = "SELECT 1 FROM inbox_messages, inbox_streams WHERE 1 
 pub const MIGRATIONS_TABLE: &str = "_inbox_migrations";
 
 macro_rules! sql_backend {
-    ($db:ty, |$pool:ident| $begin:expr, $migrations:literal, $ddl:literal) => {
+    (
+        $db:ty,
+        begin: |$pool:ident| $begin:expr,
+        overdue: $overdue:literal,
+        migrations: $migrations:literal,
+        ddl: [$($ddl:literal),*]
+    ) => {
         impl Backend for $db {
             async fn begin($pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
                 $begin.await
             }
 
-            async fn claim(
-                conn: &mut Self::Connection,
-                claim: &Claim<'_>,
-            ) -> Result<Claimed, sqlx::Error> {
+            async fn claim(conn: &mut Self::Connection, claim: &Claim<'_>) -> Result<Claimed, sqlx::Error> {
                 let inserted = sqlx::query(INSERT_CLAIM)
                     .bind(claim.consumer)
                     .bind(claim.handler)
@@ -159,14 +319,16 @@ macro_rules! sql_backend {
                 Ok(Claimed::Seen { payload_hash })
             }
 
-            async fn mark_stale(
+            async fn settle(
                 conn: &mut Self::Connection,
-                claim: &Claim<'_>,
+                key: &MessageKey<'_>,
+                status: &'static str,
             ) -> Result<(), sqlx::Error> {
-                sqlx::query(MARK_STALE)
-                    .bind(claim.consumer)
-                    .bind(claim.handler)
-                    .bind(claim.message_id)
+                sqlx::query(SETTLE)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .bind(status)
                     .execute(&mut *conn)
                     .await?;
                 Ok(())
@@ -174,14 +336,13 @@ macro_rules! sql_backend {
 
             async fn advance_stream(
                 conn: &mut Self::Connection,
-                claim: &Claim<'_>,
-                aggregate: &str,
+                stream: &Stream<'_>,
                 sequence: i64,
             ) -> Result<bool, sqlx::Error> {
                 let advanced = sqlx::query(ADVANCE_STREAM)
-                    .bind(claim.consumer)
-                    .bind(claim.handler)
-                    .bind(aggregate)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
                     .bind(sequence)
                     .execute(&mut *conn)
                     .await?
@@ -189,18 +350,114 @@ macro_rules! sql_backend {
                 Ok(advanced == 1)
             }
 
-            async fn lock_stream(
+            async fn lock_stream(conn: &mut Self::Connection, stream: &Stream<'_>) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar(LOCK_STREAM)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .fetch_one(&mut *conn)
+                    .await
+            }
+
+            async fn set_stream(
                 conn: &mut Self::Connection,
-                claim: &Claim<'_>,
-                aggregate: &str,
+                stream: &Stream<'_>,
+                sequence: i64,
             ) -> Result<(), sqlx::Error> {
-                sqlx::query(LOCK_STREAM)
-                    .bind(claim.consumer)
-                    .bind(claim.handler)
-                    .bind(aggregate)
+                sqlx::query(SET_STREAM)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .bind(sequence)
                     .execute(&mut *conn)
                     .await?;
                 Ok(())
+            }
+
+            async fn park(
+                conn: &mut Self::Connection,
+                key: &MessageKey<'_>,
+                payload: &[u8],
+                headers: &str,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(PARK)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .bind(payload)
+                    .bind(headers)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            }
+
+            async fn next_parked(
+                conn: &mut Self::Connection,
+                stream: &Stream<'_>,
+                up_to: i64,
+            ) -> Result<Option<ParkedMessage>, sqlx::Error> {
+                sqlx::query_as(NEXT_PARKED)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .bind(up_to)
+                    .fetch_optional(&mut *conn)
+                    .await
+            }
+
+            async fn releasable(pool: &Pool<Self>, consumer: &str, handler: &str) -> Result<Vec<String>, sqlx::Error> {
+                sqlx::query_scalar(RELEASABLE).bind(consumer).bind(handler).fetch_all(pool).await
+            }
+
+            async fn skip_gap(conn: &mut Self::Connection, stream: &Stream<'_>) -> Result<bool, sqlx::Error> {
+                let moved = sqlx::query(SKIP_GAP)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                Ok(moved == 1)
+            }
+
+            async fn expire_gaps(
+                conn: &mut Self::Connection,
+                consumer: &str,
+                handler: &str,
+                timeout_secs: f64,
+            ) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+                // `(aggregate, last applied sequence, parked messages)` of the streams whose oldest
+                // parked message is older than `$3` seconds.
+                const OVERDUE: &str = concat!(
+                    "SELECT m.aggregate_id, s.last_sequence, COUNT(*) FROM inbox_messages m \
+                     JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+                     WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
+                     GROUP BY m.aggregate_id, s.last_sequence HAVING MIN(m.received_at) ",
+                    $overdue
+                );
+                let overdue: Vec<(String, i64, i64)> = sqlx::query_as(OVERDUE)
+                    .bind(consumer)
+                    .bind(handler)
+                    .bind(timeout_secs)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let mut expired = Vec::with_capacity(overdue.len());
+                for (aggregate, last, parked) in overdue {
+                    let missing = last + 1;
+                    sqlx::query(BURY_PARKED)
+                        .bind(consumer)
+                        .bind(handler)
+                        .bind(aggregate.as_str())
+                        .bind(format!("gap timeout at sequence {missing}"))
+                        .execute(&mut *conn)
+                        .await?;
+                    expired.push((aggregate, missing, parked));
+                }
+                Ok(expired)
+            }
+
+            async fn list(pool: &Pool<Self>, consumer: &str, status: &str) -> Result<Vec<StoredMessage>, sqlx::Error> {
+                sqlx::query_as(LIST).bind(consumer).bind(status).fetch_all(pool).await
             }
 
             async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
@@ -216,7 +473,7 @@ macro_rules! sql_backend {
             }
 
             fn schema_sql() -> &'static str {
-                include_str!($ddl)
+                concat!($(include_str!($ddl)),*)
             }
         }
     };
@@ -224,15 +481,17 @@ macro_rules! sql_backend {
 
 sql_backend!(
     Postgres,
-    |pool| pool.begin(),
-    "./migrations/postgres",
-    "../migrations/postgres/0001_inbox.sql"
+    begin: |pool| pool.begin(),
+    overdue: "< now() - make_interval(secs => $3)",
+    migrations: "./migrations/postgres",
+    ddl: ["../migrations/postgres/0001_inbox.sql", "../migrations/postgres/0002_strict_ordering.sql"]
 );
 sql_backend!(
     Sqlite,
-    |pool| pool.begin_with("BEGIN IMMEDIATE"),
-    "./migrations/sqlite",
-    "../migrations/sqlite/0001_inbox.sql"
+    begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    overdue: "< datetime('now', '-' || $3 || ' seconds')",
+    migrations: "./migrations/sqlite",
+    ddl: ["../migrations/sqlite/0001_inbox.sql", "../migrations/sqlite/0002_strict_ordering.sql"]
 );
 
 /// Connection options for an embedded SQLite database as the inbox wants it: write-ahead log,

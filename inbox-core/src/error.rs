@@ -45,6 +45,10 @@ pub enum Error {
     #[error("cannot encode the message: {0}")]
     Encode(String),
 
+    /// No handler of this name is registered.
+    #[error("no handler named `{0}` is registered")]
+    UnknownHandler(String),
+
     /// No handler is registered for the envelope's type tag.
     #[error("no handler is registered for message type `{0}`")]
     UnknownMessageType(String),

@@ -1,26 +1,42 @@
 //! The guard: one transaction holding dedup, the ordering check, the user's writes and the
-//! bookkeeping, committed before anything is acknowledged.
+//! bookkeeping, committed before anything is acknowledged; and, under strict ordering, the release
+//! of parked successors, each in a transaction of its own.
+
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
-use crate::backend::{Backend, Claim, Claimed};
+use crate::backend::{Backend, Claim, Claimed, MessageKey, Stream};
 use crate::context::Context;
 use crate::error::Error;
-use crate::handler::{Handler, Headers};
+use crate::handler::{Handler, Headers, Ordering};
 use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
 
+/// What guarding one message did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guarded {
+    /// The outcome of the message itself.
+    pub outcome: Outcome,
+    /// How many parked successors it released (strict ordering).
+    pub released: u32,
+}
+
 /// Guards and handles `message`, whose `identity` the handler has read, with `handler` for
-/// `consumer`, in one transaction.
+/// `consumer`.
 ///
+/// In one transaction:
 /// 1. claim the dedup row (a row already there is a `Duplicate`, or a `Conflict` if its payload
 ///    hash differs);
-/// 2. if the handler names an aggregate, lock its stream row; with a sequence, skip as `Stale`
-///    unless it is newer than the last applied one;
+/// 2. if the handler names an aggregate, lock its stream row; with a sequence, skip the message as
+///    `Stale` unless it is newer than the last applied one, and under strict ordering park it if it
+///    is ahead of the next one;
 /// 3. run the handler; an error rolls everything back and leaves the message retryable;
 /// 4. commit.
+///
+/// Then, under strict ordering, release the parked successors that can now apply, in order.
 pub async fn process<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -28,8 +44,27 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     message: H::Message,
     identity: &Identity,
     headers: Option<&Headers>,
+) -> Result<Guarded, Error> {
+    let outcome = guard(pool, consumer, handler, message, identity, headers).await?;
+    let released = match (handler.ordering(), identity.aggregate()) {
+        (Ordering::Strict { .. }, Some(aggregate)) => {
+            release_logged(pool, consumer, handler, aggregate).await
+        }
+        _ => 0,
+    };
+    Ok(Guarded { outcome, released })
+}
+
+async fn guard<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    message: H::Message,
+    identity: &Identity,
+    headers: Option<&Headers>,
 ) -> Result<Outcome, Error> {
-    let payload_hash = payload_hash(&message)?;
+    let encoded = serde_json::to_vec(&message).map_err(|e| Error::Encode(e.to_string()))?;
+    let payload_hash = Sha256::digest(&encoded);
     let claim = Claim {
         consumer,
         handler: handler.name(),
@@ -44,19 +79,82 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
         tx.rollback().await?;
         return Ok(seen_outcome(&payload_hash, claim.payload_hash));
     }
-    if !in_order(&mut tx, &claim).await? {
-        DB::mark_stale(&mut tx, &claim).await?;
-        tx.commit().await?;
-        return Ok(Outcome::Stale);
+    let outcome = match position(&mut tx, &claim, handler.ordering()).await? {
+        Position::Stale => {
+            DB::settle(&mut tx, &claim.key(), "stale").await?;
+            Outcome::Stale
+        }
+        Position::Ahead => {
+            let headers = serde_json::to_string(&headers.cloned().unwrap_or_default())
+                .map_err(|e| Error::Encode(e.to_string()))?;
+            DB::park(&mut tx, &claim.key(), &encoded, &headers).await?;
+            Outcome::Parked
+        }
+        Position::Next => {
+            tx = run_handler(tx, consumer, handler, identity, headers, message).await?;
+            Outcome::Processed
+        }
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// Where a claimed message stands in its aggregate's stream.
+enum Position {
+    /// Apply it now.
+    Next,
+    /// Not newer than the last applied one: skip it.
+    Stale,
+    /// Strict ordering, and its predecessor has not applied yet: park it.
+    Ahead,
+}
+
+/// Takes the aggregate's stream lock and applies the sequence guard.
+async fn position<DB: Backend>(
+    tx: &mut Transaction<'static, DB>,
+    claim: &Claim<'_>,
+    ordering: Ordering,
+) -> Result<Position, Error> {
+    let Some(stream) = claim.stream() else {
+        return Ok(Position::Next);
+    };
+    let Some(sequence) = claim.sequence else {
+        DB::lock_stream(tx, &stream).await?;
+        return Ok(Position::Next);
+    };
+    if let Ordering::Monotonic = ordering {
+        let advanced = DB::advance_stream(tx, &stream, sequence).await?;
+        return Ok(if advanced {
+            Position::Next
+        } else {
+            Position::Stale
+        });
     }
+    let last = DB::lock_stream(tx, &stream).await?;
+    Ok(match sequence.saturating_sub(last) {
+        ..=0 => Position::Stale,
+        1 => {
+            DB::set_stream(tx, &stream, sequence).await?;
+            Position::Next
+        }
+        _ => Position::Ahead,
+    })
+}
+
+/// Runs the handler inside `tx`; on error rolls back and says which handler failed.
+async fn run_handler<DB: Backend, H: Handler<DB>>(
+    tx: Transaction<'static, DB>,
+    consumer: &str,
+    handler: &H,
+    identity: &Identity,
+    headers: Option<&Headers>,
+    message: H::Message,
+) -> Result<Transaction<'static, DB>, Error> {
     let mut ctx = Context::new(tx, consumer, handler.name(), identity, headers);
     let handled = handler.handle(&mut ctx, message).await;
     let tx = ctx.into_transaction();
     match handled {
-        Ok(()) => {
-            tx.commit().await?;
-            Ok(Outcome::Processed)
-        }
+        Ok(()) => Ok(tx),
         Err(error) => {
             if let Err(rollback) = tx.rollback().await {
                 tracing::warn!(%rollback, "rollback after a handler error failed");
@@ -69,23 +167,6 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     }
 }
 
-/// Takes the aggregate's stream lock and applies the sequence guard. `false` means stale.
-async fn in_order<DB: Backend>(
-    tx: &mut Transaction<'static, DB>,
-    claim: &Claim<'_>,
-) -> Result<bool, Error> {
-    let Some(aggregate) = claim.aggregate else {
-        return Ok(true);
-    };
-    match claim.sequence {
-        Some(sequence) => Ok(DB::advance_stream(tx, claim, aggregate, sequence).await?),
-        None => {
-            DB::lock_stream(tx, claim, aggregate).await?;
-            Ok(true)
-        }
-    }
-}
-
 fn seen_outcome(stored_hash: &[u8], delivered_hash: &[u8]) -> Outcome {
     if stored_hash == delivered_hash {
         Outcome::Duplicate
@@ -94,9 +175,171 @@ fn seen_outcome(stored_hash: &[u8], delivered_hash: &[u8]) -> Outcome {
     }
 }
 
-/// SHA-256 of the message's canonical JSON encoding: the same content hashes the same whatever
-/// the broker's formatting was.
-fn payload_hash<M: Message>(message: &M) -> Result<Vec<u8>, Error> {
-    let encoded = serde_json::to_vec(message).map_err(|e| Error::Encode(e.to_string()))?;
-    Ok(Sha256::digest(&encoded).to_vec())
+/// Releases the parked successors of `aggregate` that can apply now, each in its own transaction,
+/// in sequence order. Returns how many applied.
+///
+/// A crash between two releases loses nothing: what was released is committed, the rest stays
+/// parked, and the next delivery for the aggregate (or [`resume`]) carries on.
+pub async fn release<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    aggregate: &str,
+) -> Result<u32, Error> {
+    let mut released = 0;
+    while let Some(outcome) = release_next(pool, consumer, handler, aggregate).await? {
+        released += u32::from(outcome == Outcome::Released);
+    }
+    Ok(released)
+}
+
+/// [`release`] after a message was guarded: a failure stops the chain and is logged, since the
+/// message itself is settled and the chain resumes with the aggregate's next delivery.
+async fn release_logged<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    aggregate: &str,
+) -> u32 {
+    let mut released = 0;
+    loop {
+        match release_next(pool, consumer, handler, aggregate).await {
+            Ok(Some(outcome)) => released += u32::from(outcome == Outcome::Released),
+            Ok(None) => return released,
+            Err(error) => {
+                tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed; it stays parked");
+                return released;
+            }
+        }
+    }
+}
+
+/// Applies the lowest parked message of the stream if it is the next one (`Released`), or settles
+/// it as `Stale` if its sequence was applied meanwhile. `None` when nothing can be released.
+async fn release_next<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    aggregate: &str,
+) -> Result<Option<Outcome>, Error> {
+    let stream = Stream {
+        consumer,
+        handler: handler.name(),
+        aggregate,
+    };
+    let mut tx = DB::begin(pool).await?;
+    let last = DB::lock_stream(&mut tx, &stream).await?;
+    let Some(parked) = DB::next_parked(&mut tx, &stream, last + 1).await? else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let key = MessageKey {
+        consumer,
+        handler: handler.name(),
+        message_id: &parked.message_id,
+    };
+    if parked.sequence_number <= last {
+        DB::settle(&mut tx, &key, "stale").await?;
+        tx.commit().await?;
+        return Ok(Some(Outcome::Stale));
+    }
+    let decode_error = |reason: String| Error::Decode {
+        message_type: H::Message::TYPE.to_owned(),
+        reason,
+    };
+    let message: H::Message =
+        serde_json::from_slice(&parked.payload).map_err(|e| decode_error(e.to_string()))?;
+    let headers: Headers = match &parked.headers {
+        Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
+        None => Headers::new(),
+    };
+    let identity = handler.identity(&message)?;
+    DB::set_stream(&mut tx, &stream, parked.sequence_number).await?;
+    let mut tx = run_handler(tx, consumer, handler, &identity, Some(&headers), message).await?;
+    DB::settle(&mut tx, &key, "processed").await?;
+    tx.commit().await?;
+    Ok(Some(Outcome::Released))
+}
+
+/// Releases what can be released for every aggregate of `handler`: what a crash in the middle of a
+/// release chain left parked behind an applied predecessor.
+pub async fn resume<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+) -> Result<u32, Error> {
+    let mut released = 0;
+    for aggregate in DB::releasable(pool, consumer, handler.name()).await? {
+        released += release(pool, consumer, handler, &aggregate).await?;
+    }
+    Ok(released)
+}
+
+/// Skips the gap in front of the parked messages of `aggregate`, deliberately: the stream moves to
+/// just before its lowest parked message, which is then released with its successors. Returns how
+/// many were released (0 if nothing was parked).
+pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    aggregate: &str,
+) -> Result<u32, Error> {
+    let stream = Stream {
+        consumer,
+        handler: handler.name(),
+        aggregate,
+    };
+    let mut tx = DB::begin(pool).await?;
+    DB::lock_stream(&mut tx, &stream).await?;
+    let moved = DB::skip_gap(&mut tx, &stream).await?;
+    tx.commit().await?;
+    if !moved {
+        return Ok(0);
+    }
+    tracing::warn!(
+        handler = handler.name(),
+        aggregate,
+        "gap skipped by an operator"
+    );
+    release(pool, consumer, handler, aggregate).await
+}
+
+/// The parked messages of one aggregate that waited too long for a missing predecessor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredGap {
+    /// The aggregate.
+    pub aggregate: String,
+    /// The sequence that never arrived.
+    pub missing_sequence: i64,
+    /// How many parked messages were marked dead.
+    pub messages: i64,
+}
+
+/// Marks dead, with the reason "gap timeout at sequence n", the parked messages of every aggregate
+/// of `handler` whose oldest parked message has waited longer than `timeout`.
+pub async fn expire_gaps<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &str,
+    timeout: Duration,
+) -> Result<Vec<ExpiredGap>, Error> {
+    let mut tx = DB::begin(pool).await?;
+    let expired = DB::expire_gaps(&mut tx, consumer, handler, timeout.as_secs_f64()).await?;
+    tx.commit().await?;
+    for (aggregate, missing, _) in &expired {
+        tracing::warn!(
+            handler,
+            aggregate,
+            missing,
+            "gap timeout: parked messages are dead"
+        );
+    }
+    Ok(expired
+        .into_iter()
+        .map(|(aggregate, missing_sequence, messages)| ExpiredGap {
+            aggregate,
+            missing_sequence,
+            messages,
+        })
+        .collect())
 }

@@ -1,6 +1,7 @@
 //! The handler trait that `#[inbox_handler]` implements.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use sqlx::Pool;
@@ -11,6 +12,24 @@ use crate::error::{Error, HandlerError};
 use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
+
+/// How long a parked message waits for its missing predecessor before it is marked dead, unless
+/// the handler sets `gap_timeout`.
+pub const DEFAULT_GAP_TIMEOUT: Duration = Duration::from_secs(3_600);
+
+/// How the ordering guard treats sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// Newer sequences apply, gaps are allowed; a sequence not newer than the last applied one is
+    /// stale.
+    Monotonic,
+    /// Sequences apply contiguously, from 1: a message whose predecessor has not applied is parked
+    /// until it has, or marked dead after `gap_timeout`.
+    Strict {
+        /// How long a parked message waits for its missing predecessor.
+        gap_timeout: Duration,
+    },
+}
 
 /// The consumer group used by [`Handler::process`] when no runtime names one.
 pub const DEFAULT_CONSUMER: &str = "default";
@@ -31,6 +50,11 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     /// message is new again.
     fn name(&self) -> &'static str;
 
+    /// How the ordering guard treats this handler's sequences.
+    fn ordering(&self) -> Ordering {
+        Ordering::Monotonic
+    }
+
     /// Reads the dedup key, aggregate and sequence from the message.
     fn identity(&self, message: &Self::Message) -> Result<Identity, Error>;
 
@@ -42,7 +66,8 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     ) -> BoxFuture<'c, Result<(), HandlerError>>;
 
     /// Guards and handles one message in one transaction, for the [`DEFAULT_CONSUMER`]: dedup,
-    /// ordering guard, the user's writes, then commit.
+    /// ordering guard, the user's writes, then commit. Under strict ordering, the parked
+    /// successors it unblocks are applied too, each in its own transaction, before this returns.
     fn process<'a>(
         &'a self,
         pool: &'a Pool<DB>,
@@ -53,7 +78,10 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     {
         Box::pin(async move {
             let identity = self.identity(&message)?;
-            crate::guard::process(pool, DEFAULT_CONSUMER, self, message, &identity, None).await
+            let guarded =
+                crate::guard::process(pool, DEFAULT_CONSUMER, self, message, &identity, None)
+                    .await?;
+            Ok(guarded.outcome)
         })
     }
 }

@@ -13,12 +13,17 @@ mod identity;
 mod message;
 mod outcome;
 
-pub use backend::{Backend, Claim, Claimed, MIGRATIONS_TABLE, sqlite_options};
+pub use backend::{
+    Backend, Claim, Claimed, MIGRATIONS_TABLE, MessageKey, ParkedMessage, StoredMessage, Stream,
+    sqlite_options,
+};
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
 pub use error::{Error, HandlerError};
-pub use guard::process;
-pub use handler::{DEFAULT_CONSUMER, Handler, HandlerResult, Headers};
+pub use guard::{ExpiredGap, Guarded, expire_gaps, process, release, resume, skip_gap};
+pub use handler::{
+    DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult, Headers, Ordering,
+};
 pub use identity::{Identity, MAX_ID_LEN};
 pub use message::{Identifier, Message, SequenceNumber};
 pub use outcome::Outcome;

@@ -16,15 +16,22 @@ pub enum Outcome {
     /// A message with this id was seen before with a different payload; nothing ran. Such a
     /// delivery is never applied silently.
     Conflict,
+    /// Strict ordering: the message is ahead of its aggregate's next sequence. It was stored with
+    /// its payload and applies when its predecessor has; the delivery can be acknowledged.
+    Parked,
+    /// Strict ordering: a parked message applied once its predecessor had.
+    Released,
 }
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 4] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Processed,
         Outcome::Duplicate,
         Outcome::Stale,
         Outcome::Conflict,
+        Outcome::Parked,
+        Outcome::Released,
     ];
 
     /// A stable lower-case name, for logs and metrics labels.
@@ -34,6 +41,8 @@ impl Outcome {
             Outcome::Duplicate => "duplicate",
             Outcome::Stale => "stale",
             Outcome::Conflict => "conflict",
+            Outcome::Parked => "parked",
+            Outcome::Released => "released",
         }
     }
 }

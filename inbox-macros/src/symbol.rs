@@ -10,12 +10,13 @@ pub const KEY: Symbol = Symbol("key");
 pub const SEQUENCE: Symbol = Symbol("sequence");
 pub const AGGREGATE: Symbol = Symbol("aggregate");
 pub const ORDERING: Symbol = Symbol("ordering");
+pub const GAP_TIMEOUT: Symbol = Symbol("gap_timeout");
 pub const NAME: Symbol = Symbol("name");
 pub const CRATE: Symbol = Symbol("crate");
 pub const MESSAGE: Symbol = Symbol("message");
 
 /// The arguments `#[inbox_handler(...)]` accepts.
-pub const HANDLER_ARGS: &[Symbol] = &[KEY, SEQUENCE, AGGREGATE, ORDERING, NAME, CRATE];
+pub const HANDLER_ARGS: &[Symbol] = &[KEY, SEQUENCE, AGGREGATE, ORDERING, GAP_TIMEOUT, NAME, CRATE];
 
 /// The arguments `#[message(...)]` accepts.
 pub const MESSAGE_ARGS: &[Symbol] = &[NAME, CRATE];

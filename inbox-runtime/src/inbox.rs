@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use inbox_core::{Backend, Envelope, Error, Outcome};
+use inbox_core::{Backend, Envelope, Error, ExpiredGap, Outcome, StoredMessage};
 use sqlx::Pool;
 
 use crate::builder::InboxBuilder;
@@ -32,7 +32,7 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) pool: Pool<DB>,
     pub(crate) consumer: String,
     pub(crate) workers: usize,
-    registry: Registry<DB>,
+    pub(crate) registry: Registry<DB>,
 }
 
 /// Why [`Inbox::run`] stopped before its source ended.
@@ -65,6 +65,8 @@ pub struct RunReport {
     pub acked: u64,
     /// Deliveries handed back for redelivery because a handler or the database failed.
     pub failed: u64,
+    /// Parked messages marked dead because their gap outlived the handler's `gap_timeout`.
+    pub gap_expired: u64,
 }
 
 impl RunReport {
@@ -79,6 +81,7 @@ impl RunReport {
         }
         self.acked += other.acked;
         self.failed += other.failed;
+        self.gap_expired += other.gap_expired;
     }
 }
 
@@ -119,6 +122,41 @@ impl<DB: Backend> Inbox<DB> {
         self.shared.execute(jobs, envelope).await
     }
 
+    /// Releases, for every strict handler, the parked messages whose predecessor has applied: what
+    /// a crash in the middle of a release chain left behind. [`Inbox::run`] does this when it
+    /// starts. Returns how many were released.
+    pub async fn resume(&self) -> Result<u32, Error> {
+        self.shared.resume().await
+    }
+
+    /// Marks dead the parked messages whose missing predecessor has not arrived within their
+    /// handler's `gap_timeout`, with the reason "gap timeout at sequence n". [`Inbox::run`] does
+    /// this periodically.
+    pub async fn expire_gaps(&self) -> Result<Vec<(&'static str, ExpiredGap)>, Error> {
+        self.shared.expire_gaps().await
+    }
+
+    /// Skips the gap in front of `aggregate`'s parked messages for handler `handler`, deliberately:
+    /// they are released from the lowest one on. For a predecessor known to be lost. Returns how
+    /// many were released.
+    pub async fn skip_gap(&self, handler: &str, aggregate: &str) -> Result<u32, Error> {
+        let shared = &self.shared;
+        let route = shared.registry.named(handler)?;
+        route
+            .skip_gap(&shared.pool, &shared.consumer, aggregate)
+            .await
+    }
+
+    /// The messages parked by strict ordering, waiting for a predecessor.
+    pub async fn parked(&self) -> Result<Vec<StoredMessage>, Error> {
+        Ok(DB::list(&self.shared.pool, &self.shared.consumer, "parked").await?)
+    }
+
+    /// The dead messages (for now: parked messages whose gap timed out), with the reason.
+    pub async fn dead(&self) -> Result<Vec<StoredMessage>, Error> {
+        Ok(DB::list(&self.shared.pool, &self.shared.consumer, "dead").await?)
+    }
+
     /// Consumes `source` until it ends; see [`Inbox::run_until`].
     pub async fn run<S: Source>(&self, source: S) -> Result<RunReport, RunError> {
         self.run_until(source, std::future::pending()).await
@@ -138,6 +176,34 @@ impl<DB: Backend> Inbox<DB> {
 }
 
 impl<DB: Backend> Shared<DB> {
+    pub(crate) async fn resume(&self) -> Result<u32, Error> {
+        let mut released = 0;
+        for strict in self.registry.strict() {
+            released += strict.route.resume(&self.pool, &self.consumer).await?;
+        }
+        Ok(released)
+    }
+
+    pub(crate) async fn expire_gaps(&self) -> Result<Vec<(&'static str, ExpiredGap)>, Error> {
+        let mut expired = Vec::new();
+        for strict in self.registry.strict() {
+            let name = strict.route.name();
+            let gaps =
+                inbox_core::expire_gaps(&self.pool, &self.consumer, name, strict.gap_timeout)
+                    .await?;
+            expired.extend(gaps.into_iter().map(|gap| (name, gap)));
+        }
+        Ok(expired)
+    }
+
+    /// The shortest gap timeout of the strict handlers, if there are any.
+    pub(crate) fn shortest_gap_timeout(&self) -> Option<std::time::Duration> {
+        self.registry
+            .strict()
+            .map(|strict| strict.gap_timeout)
+            .min()
+    }
+
     pub(crate) fn prepare(&self, delivery: &Delivery) -> Result<Vec<Box<dyn Job<DB>>>, Error> {
         self.registry.prepare(delivery.envelope())
     }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use inbox_core::{Backend, Envelope, Error};
+use inbox_core::{Backend, Envelope, Error, Ordering};
 
 use crate::route::{Job, Route};
 
@@ -38,6 +38,12 @@ pub(crate) struct Registry<DB: Backend> {
     routes: HashMap<&'static str, Vec<Arc<dyn Route<DB>>>>,
 }
 
+/// A strict handler's name and gap timeout.
+pub(crate) struct StrictRoute<'a, DB: Backend> {
+    pub(crate) route: &'a Arc<dyn Route<DB>>,
+    pub(crate) gap_timeout: std::time::Duration,
+}
+
 impl<DB: Backend> Registry<DB> {
     /// Builds the registry, refusing two routes with one handler name.
     pub(crate) fn new(routes: Vec<Arc<dyn Route<DB>>>) -> Result<Self, BuildError> {
@@ -54,6 +60,26 @@ impl<DB: Backend> Registry<DB> {
             by_type.entry(route.message_type()).or_default().push(route);
         }
         Ok(Self { routes: by_type })
+    }
+
+    /// Every registered handler.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = &Arc<dyn Route<DB>>> {
+        self.routes.values().flatten()
+    }
+
+    /// The handlers with strict ordering.
+    pub(crate) fn strict(&self) -> impl Iterator<Item = StrictRoute<'_, DB>> {
+        self.routes().filter_map(|route| match route.ordering() {
+            Ordering::Strict { gap_timeout } => Some(StrictRoute { route, gap_timeout }),
+            Ordering::Monotonic => None,
+        })
+    }
+
+    /// The handler named `name`.
+    pub(crate) fn named(&self, name: &str) -> Result<&Arc<dyn Route<DB>>, Error> {
+        self.routes()
+            .find(|route| route.name() == name)
+            .ok_or_else(|| Error::UnknownHandler(name.to_owned()))
     }
 
     /// Decodes `envelope` once for each handler of its type.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use inbox_core::{Backend, Envelope, Error, Handler, Headers, Identity, Outcome};
+use inbox_core::{Backend, Envelope, Error, Handler, Headers, Identity, Ordering, Outcome};
 use sqlx::Pool;
 
 /// The outcome of one handler for one delivery.
@@ -14,14 +14,30 @@ pub struct Handled {
     pub handler: &'static str,
     /// What the guard decided.
     pub outcome: Outcome,
+    /// How many parked successors this message released (strict ordering).
+    pub released: u32,
 }
 
 /// A registered handler, without its message type.
 pub(crate) trait Route<DB: Backend>: Send + Sync {
     fn name(&self) -> &'static str;
     fn message_type(&self) -> &'static str;
+    fn ordering(&self) -> Ordering;
     /// Decodes the payload and reads the identity, ready to run.
     fn prepare(&self, envelope: &Envelope) -> Result<Box<dyn Job<DB>>, Error>;
+    /// Releases what a crash left parked behind applied predecessors.
+    fn resume<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+    ) -> BoxFuture<'a, Result<u32, Error>>;
+    /// Skips the gap in front of an aggregate's parked messages and releases them.
+    fn skip_gap<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        aggregate: &'a str,
+    ) -> BoxFuture<'a, Result<u32, Error>>;
 }
 
 /// One decoded message for one handler.
@@ -44,6 +60,27 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
 
     fn message_type(&self) -> &'static str {
         <H::Message as inbox_core::Message>::TYPE
+    }
+
+    fn ordering(&self) -> Ordering {
+        self.0.ordering()
+    }
+
+    fn resume<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+    ) -> BoxFuture<'a, Result<u32, Error>> {
+        Box::pin(inbox_core::resume(pool, consumer, &*self.0))
+    }
+
+    fn skip_gap<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        aggregate: &'a str,
+    ) -> BoxFuture<'a, Result<u32, Error>> {
+        Box::pin(inbox_core::skip_gap(pool, consumer, &*self.0, aggregate))
     }
 
     fn prepare(&self, envelope: &Envelope) -> Result<Box<dyn Job<DB>>, Error> {
@@ -76,7 +113,7 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
             let handler = &*self.handler;
-            let outcome = inbox_core::process(
+            let guarded = inbox_core::process(
                 pool,
                 consumer,
                 handler,
@@ -87,7 +124,8 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
             .await?;
             Ok(Handled {
                 handler: handler.name(),
-                outcome,
+                outcome: guarded.outcome,
+                released: guarded.released,
             })
         })
     }

@@ -5,8 +5,10 @@ use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use inbox_core::Backend;
-use tokio::sync::mpsc;
+use std::time::Duration;
+
+use inbox_core::{Backend, Outcome};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::inbox::{RunError, RunReport, Shared};
@@ -26,6 +28,10 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     mut source: S,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<RunReport, RunError> {
+    if let Err(error) = shared.resume().await {
+        tracing::warn!(%error, "could not resume the release of parked messages");
+    }
+    let (stop_sweeping, sweeper) = spawn_gap_sweeper(Arc::clone(&shared));
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
         .map(|_| spawn_worker(Arc::clone(&shared)))
         .unzip();
@@ -38,7 +44,36 @@ pub(crate) async fn run<DB: Backend, S: Source>(
             Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
     }
+    drop(stop_sweeping);
+    report.gap_expired = sweeper.await.unwrap_or_default();
     routed.map(|()| report)
+}
+
+/// Periodically marks dead the parked messages whose gap outlived its timeout, until the sender
+/// is dropped; returns how many it marked. Checks at half the shortest gap timeout (between 100 ms
+/// and a minute), so a gap is expired at most half a timeout late.
+fn spawn_gap_sweeper<DB: Backend>(
+    shared: Arc<Shared<DB>>,
+) -> (oneshot::Sender<()>, JoinHandle<u64>) {
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let sweeper = tokio::spawn(async move {
+        let Some(timeout) = shared.shortest_gap_timeout() else {
+            return 0;
+        };
+        let period = (timeout / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        let mut expired = 0;
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return expired,
+                () = tokio::time::sleep(period) => {}
+            }
+            match shared.expire_gaps().await {
+                Ok(gaps) => expired += gaps.iter().map(|(_, gap)| gap.messages as u64).sum::<u64>(),
+                Err(error) => tracing::warn!(%error, "could not expire gaps"),
+            }
+        }
+    });
+    (stop, sweeper)
 }
 
 /// Pulls deliveries until the source ends, `shutdown` completes, or a delivery is refused.
@@ -117,6 +152,10 @@ async fn handle_all<DB: Backend>(
             Ok(handled) => {
                 for done in handled {
                     *report.outcomes.entry(done.outcome.as_str()).or_default() += 1;
+                    if done.released > 0 {
+                        let released = Outcome::Released.as_str();
+                        *report.outcomes.entry(released).or_default() += u64::from(done.released);
+                    }
                 }
                 report.acked += 1;
                 if let Err(error) = delivery.ack().await {

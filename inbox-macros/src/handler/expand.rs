@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn};
 
 use super::ast::{Database, DatabaseParam, HandlerFn};
-use super::attr::Args;
+use super::attr::{Args, Ordering};
 
 /// Everything the expansion needs, resolved once.
 struct Expansion<'a> {
@@ -119,6 +119,7 @@ impl Expansion<'_> {
         let message = self.handler.message;
         let handler_name = self.handler_name();
         let identity = self.identity();
+        let ordering = self.ordering();
         let call = self.call();
         let (generics, database) = match &self.handler.database {
             Some(param) => (quote!(), self.database(param)),
@@ -135,6 +136,8 @@ impl Expansion<'_> {
                 fn name(&self) -> &'static ::core::primitive::str {
                     #handler_name
                 }
+
+                #ordering
 
                 fn identity(
                     &self,
@@ -153,6 +156,23 @@ impl Expansion<'_> {
                 > {
                     ::std::boxed::Box::pin(async move { #call })
                 }
+            }
+        }
+    }
+
+    /// Overrides `Handler::ordering` for strict handlers.
+    fn ordering(&self) -> TokenStream {
+        let krate = &self.krate;
+        if !matches!(self.args.ordering, Some((_, Ordering::Strict))) {
+            return TokenStream::new();
+        }
+        let gap_timeout = match &self.args.gap_timeout {
+            Some((_, seconds)) => quote!(::core::time::Duration::from_secs(#seconds)),
+            None => quote!(#krate::__private::DEFAULT_GAP_TIMEOUT),
+        };
+        quote! {
+            fn ordering(&self) -> #krate::__private::Ordering {
+                #krate::__private::Ordering::Strict { gap_timeout: #gap_timeout }
             }
         }
     }

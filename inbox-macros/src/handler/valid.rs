@@ -3,7 +3,7 @@
 use proc_macro2::Span;
 use syn::ItemFn;
 
-use super::attr::Args;
+use super::attr::{Args, Ordering};
 use crate::ctxt::Ctxt;
 
 /// Checks what makes a function unusable as a handler whatever its arguments.
@@ -17,6 +17,8 @@ pub fn check_shape(cx: &Ctxt, original: &ItemFn) {
 pub fn check_args(cx: &Ctxt, args: &Args) {
     check_key(cx, args);
     check_sequence_has_aggregate(cx, args);
+    check_strict_has_sequence(cx, args);
+    check_gap_timeout_is_strict(cx, args);
     check_name(cx, args);
 }
 
@@ -68,6 +70,21 @@ fn check_sequence_has_aggregate(cx: &Ctxt, args: &Args) {
     if let (Some(sequence), None) = (&args.sequence, &args.aggregate) {
         let message = "`sequence` needs `aggregate`: sequences are compared per aggregate; add `aggregate = \"<field>\"`";
         cx.error_spanned_by(sequence, message);
+    }
+}
+
+fn check_strict_has_sequence(cx: &Ctxt, args: &Args) {
+    if let (Some((written, Ordering::Strict)), None) = (&args.ordering, &args.sequence) {
+        let message = "`ordering = \"strict\"` needs `sequence` and `aggregate`: it holds a message until the one before it in its aggregate has applied";
+        cx.error_spanned_by(written, message);
+    }
+}
+
+fn check_gap_timeout_is_strict(cx: &Ctxt, args: &Args) {
+    let strict = matches!(args.ordering, Some((_, Ordering::Strict)));
+    if let (Some((written, _)), false) = (&args.gap_timeout, strict) {
+        let message = "`gap_timeout` applies to `ordering = \"strict\"` only: it is how long a parked message waits for a missing predecessor";
+        cx.error_spanned_by(written, message);
     }
 }
 
