@@ -81,3 +81,15 @@ pub async fn postgres(test: &str) -> Option<PgPool> {
     inbox::migrate(&pool).await.expect("migrate PostgreSQL");
     Some(pool)
 }
+
+/// Shuffles `items` the same way for the same `seed` (a small xorshift generator: the tests need
+/// disorder they can reproduce, not quality randomness).
+pub fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut state = seed | 1;
+    for i in (1..items.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        items.swap(i, (state % (i as u64 + 1)) as usize);
+    }
+}

@@ -2,10 +2,15 @@
 //! `ledger_queries!`, next to the handlers of `ledger_handlers!`.
 
 /// Defines, for `Pool<$db>`: `ledger` (a database from `$connect` with the ledger's tables),
-/// `balance`, `applied`, `count`, `status`, `last_sequence` and `freeze`.
+/// `second_pool`, `balance`, `applied`, `count`, `status`, `last_sequence` and `freeze`.
 #[allow(unused_macros)]
 macro_rules! ledger_queries {
     ($db:ty, $connect:path) => {
+        pub use queries::*;
+
+        /// Each test binary uses some of these.
+        #[allow(dead_code)]
+        mod queries {
         pub type Pool = sqlx::Pool<$db>;
 
         /// A fresh database with the ledger's tables, or `None` if this backend is not configured.
@@ -15,6 +20,12 @@ macro_rules! ledger_queries {
                 sqlx::query(ddl).execute(&pool).await.expect("create ledger table");
             }
             Some(pool)
+        }
+
+        /// Another pool on the same database: a second process, as far as the inbox can tell.
+        pub async fn second_pool(pool: &Pool) -> Pool {
+            let options = (*pool.connect_options()).clone();
+            Pool::connect_with(options).await.expect("connect a second pool")
         }
 
         pub async fn balance(pool: &Pool, account: &str) -> i64 {
@@ -69,6 +80,7 @@ macro_rules! ledger_queries {
                 .execute(pool)
                 .await
                 .expect("freeze account");
+        }
         }
     };
 }

@@ -1,0 +1,298 @@
+//! Strict ordering on real databases: parking, release in order, crashes in the middle of a
+//! release chain, two processes on one database, gap timeouts and skipping a gap. Every test runs
+//! on SQLite and, when configured, on PostgreSQL.
+
+mod common;
+
+macro_rules! strict_suite {
+    ($db:ty, $conn:ty, $connect:path) => {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
+
+        use inbox::prelude::*;
+        use inbox::{Error, MemoryBroker, RunReport};
+
+        use $crate::common::ledger::Credited;
+
+        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::queries::ledger_queries!($db, $connect);
+
+        fn event(account: &str, sequence: i64) -> Credited {
+            Credited::new(format!("{account}-{sequence}"), account, sequence, sequence)
+        }
+
+        async fn strict(pool: &Pool, account: &str, sequence: i64) -> Outcome {
+            credit_strict.process(pool, event(account, sequence)).await.expect("process")
+        }
+
+        async fn inbox(pool: &Pool) -> Inbox<$db> {
+            Inbox::builder(pool.clone())
+                .handler(credit_strict)
+                .build()
+                .await
+                .expect("build inbox")
+        }
+
+        async fn sequences(pool: &Pool, account: &str) -> Vec<i64> {
+            applied(pool, account).await.into_iter().map(|(sequence, _)| sequence).collect()
+        }
+
+        /// `accounts` × `per_account` contiguous events, every third one delivered twice, shuffled.
+        fn shuffled_stream(accounts: usize, per_account: i64, seed: u64) -> (Vec<Credited>, usize) {
+            let mut stream = Vec::new();
+            let mut distinct = 0;
+            for account in 0..accounts {
+                for sequence in 1..=per_account {
+                    let event = event(&format!("acct-{account}"), sequence);
+                    distinct += 1;
+                    if distinct % 3 == 0 {
+                        stream.push(event.clone());
+                    }
+                    stream.push(event);
+                }
+            }
+            $crate::common::shuffle(&mut stream, seed);
+            (stream, distinct)
+        }
+
+        fn publish(broker: &MemoryBroker, stream: &[Credited]) {
+            for (n, event) in stream.iter().enumerate() {
+                broker.publish(Envelope::encode(format!("delivery-{n}"), event).expect("encode"));
+            }
+            broker.close();
+        }
+
+        /// Every account applied 1..=per_account exactly once, in order, and nothing is parked.
+        async fn assert_in_order_fold(pool: &Pool, accounts: usize, per_account: i64) {
+            for account in 0..accounts {
+                let account = format!("acct-{account}");
+                let expected: Vec<i64> = (1..=per_account).collect();
+                assert_eq!(sequences(pool, &account).await, expected, "{account}");
+                assert_eq!(balance(pool, &account).await, expected.iter().sum::<i64>(), "{account}");
+            }
+            let parked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked'")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            assert_eq!(parked, 0, "nothing is left parked");
+        }
+
+        #[tokio::test]
+        async fn a_message_ahead_of_its_predecessor_is_parked_then_released() {
+            let Some(pool) = ledger("park_release").await else { return };
+
+            assert_eq!(strict(&pool, "acct", 3).await, Outcome::Parked);
+            assert_eq!(strict(&pool, "acct", 2).await, Outcome::Parked);
+            assert_eq!(strict(&pool, "acct", 3).await, Outcome::Duplicate, "a parked message is not parked twice");
+            assert!(sequences(&pool, "acct").await.is_empty(), "parked messages do not run");
+            assert_eq!(status(&pool, "credit_strict", "acct-3").await.as_deref(), Some("parked"));
+
+            assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
+
+            assert_eq!(sequences(&pool, "acct").await, [1, 2, 3]);
+            assert_eq!(balance(&pool, "acct").await, 6);
+            assert_eq!(status(&pool, "credit_strict", "acct-3").await.as_deref(), Some("processed"));
+            assert_eq!(last_sequence(&pool, "credit_strict", "acct").await, Some(3));
+        }
+
+        #[tokio::test]
+        async fn strict_skips_what_already_applied() {
+            let Some(pool) = ledger("strict_stale").await else { return };
+            strict(&pool, "acct", 1).await;
+            strict(&pool, "acct", 2).await;
+
+            let twin = Credited::new("acct-2-twin", "acct", 2, 100);
+            assert_eq!(credit_strict.process(&pool, twin).await.unwrap(), Outcome::Stale);
+
+            assert_eq!(balance(&pool, "acct").await, 3);
+        }
+
+        #[tokio::test]
+        async fn a_parked_twin_of_a_released_sequence_is_settled_stale() {
+            let Some(pool) = ledger("parked_twin").await else { return };
+            let twin = Credited::new("acct-2-twin", "acct", 2, 100);
+            assert_eq!(strict(&pool, "acct", 2).await, Outcome::Parked);
+            assert_eq!(credit_strict.process(&pool, twin).await.unwrap(), Outcome::Parked);
+
+            assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
+
+            assert_eq!(sequences(&pool, "acct").await, [1, 2]);
+            assert_eq!(status(&pool, "credit_strict", "acct-2-twin").await.as_deref(), Some("stale"));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn shuffled_duplicated_stream_folds_in_order() {
+            let Some(pool) = ledger("strict_shuffled").await else { return };
+            let (accounts, per_account) = (200, 20);
+            let (stream, distinct) = shuffled_stream(accounts, per_account, 2024);
+            let broker = MemoryBroker::new();
+            publish(&broker, &stream);
+
+            let report: RunReport = inbox(&pool).await.run(broker.source()).await.unwrap();
+
+            let applied = report.count(Outcome::Processed) + report.count(Outcome::Released);
+            assert_eq!(applied, distinct as u64, "{report:?}");
+            assert_eq!(report.count(Outcome::Duplicate), (stream.len() - distinct) as u64, "{report:?}");
+            assert_eq!(report.count(Outcome::Stale), 0, "{report:?}");
+            assert!(report.count(Outcome::Parked) > 0, "the stream was out of order: {report:?}");
+            assert_eq!(broker.acked(), stream.len() as u64);
+            assert_in_order_fold(&pool, accounts, per_account).await;
+        }
+
+        #[tokio::test]
+        async fn a_release_chain_cut_by_a_crash_resumes_on_the_next_run() {
+            let Some(pool) = ledger("crash_in_chain").await else { return };
+            for sequence in [2, 3, 4] {
+                assert_eq!(strict(&pool, "acct", sequence).await, Outcome::Parked);
+            }
+            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 3)").execute(&pool).await.unwrap();
+
+            assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
+            assert_eq!(sequences(&pool, "acct").await, [1, 2], "the chain stopped between 2 and 3");
+            assert_eq!(status(&pool, "credit_strict", "acct-3").await.as_deref(), Some("parked"));
+
+            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            let restarted = inbox(&pool).await;
+            let broker = MemoryBroker::new();
+            broker.close();
+            let report = restarted.run(broker.source()).await.unwrap();
+
+            assert_eq!(sequences(&pool, "acct").await, [1, 2, 3, 4], "{report:?}");
+            assert_eq!(balance(&pool, "acct").await, 10);
+            assert!(restarted.parked().await.unwrap().is_empty());
+        }
+
+        #[tokio::test]
+        async fn the_next_delivery_for_the_aggregate_resumes_a_cut_chain() {
+            let Some(pool) = ledger("resume_on_delivery").await else { return };
+            for sequence in [2, 3] {
+                strict(&pool, "acct", sequence).await;
+            }
+            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 2)").execute(&pool).await.unwrap();
+            strict(&pool, "acct", 1).await;
+            assert_eq!(sequences(&pool, "acct").await, [1]);
+            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+
+            let handled = inbox(&pool).await.dispatch(&Envelope::encode("again", &event("acct", 1)).unwrap()).await.unwrap();
+
+            assert_eq!((handled[0].outcome, handled[0].released), (Outcome::Duplicate, 2));
+            assert_eq!(sequences(&pool, "acct").await, [1, 2, 3]);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn two_processes_on_one_database_apply_each_aggregate_in_order() {
+            let Some(pool) = ledger("two_processes").await else { return };
+            let (accounts, per_account) = (100, 20);
+            let (stream, distinct) = shuffled_stream(accounts, per_account, 77);
+            let broker = MemoryBroker::new();
+            publish(&broker, &stream);
+            let first = inbox(&pool).await;
+            let second = inbox(&second_pool(&pool).await).await;
+
+            let (a, b) = tokio::join!(first.run(broker.source()), second.run(broker.source()));
+
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!(a.acked > 0 && b.acked > 0, "both processes took deliveries: {a:?} {b:?}");
+            let applied: u64 = [&a, &b].iter().map(|r| r.count(Outcome::Processed) + r.count(Outcome::Released)).sum();
+            assert_eq!(applied, distinct as u64);
+            assert_in_order_fold(&pool, accounts, per_account).await;
+        }
+
+        #[tokio::test]
+        async fn a_gap_that_never_fills_times_out_naming_the_missing_sequence() {
+            let Some(pool) = ledger("gap_timeout").await else { return };
+            for sequence in [1, 3, 4] {
+                strict(&pool, "stuck", sequence).await;
+            }
+            strict(&pool, "fresh", 2).await;
+            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00' WHERE aggregate_id = 'stuck'")
+                .execute(&pool)
+                .await
+                .unwrap();
+            let inbox = inbox(&pool).await;
+
+            let expired = inbox.expire_gaps().await.unwrap();
+
+            assert_eq!(expired.len(), 1, "{expired:?}");
+            let (handler, gap) = &expired[0];
+            assert_eq!((*handler, gap.aggregate.as_str(), gap.missing_sequence, gap.messages), ("credit_strict", "stuck", 2, 2));
+            let dead: Vec<_> = inbox.dead().await.unwrap().into_iter().map(|m| (m.message_id, m.error_text)).collect();
+            let reason = Some("gap timeout at sequence 2".to_owned());
+            assert_eq!(dead, [("stuck-3".to_owned(), reason.clone()), ("stuck-4".to_owned(), reason)]);
+            let parked: Vec<_> = inbox.parked().await.unwrap().into_iter().map(|m| m.message_id).collect();
+            assert_eq!(parked, ["fresh-2"], "a gap within its timeout stays parked");
+
+            assert_eq!(strict(&pool, "stuck", 2).await, Outcome::Processed);
+            assert_eq!(sequences(&pool, "stuck").await, [1, 2], "dead messages are not released");
+        }
+
+        #[tokio::test]
+        async fn the_runtime_expires_gaps_while_it_runs() {
+            let Some(pool) = ledger("gap_sweeper").await else { return };
+            let inbox = Inbox::builder(pool.clone()).handler(credit_quick_gap).build().await.unwrap();
+            let parked = inbox.dispatch(&Envelope::encode("d-1", &event("stuck", 2)).unwrap()).await.unwrap();
+            assert_eq!(parked[0].outcome, Outcome::Parked);
+            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            let broker = MemoryBroker::new();
+
+            let stop = {
+                let inbox = inbox.clone();
+                async move {
+                    while inbox.dead().await.unwrap().is_empty() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            };
+            let report = tokio::time::timeout(Duration::from_secs(30), inbox.run_until(broker.source(), stop))
+                .await
+                .expect("the sweeper expires the gap")
+                .unwrap();
+
+            assert_eq!(report.gap_expired, 1, "{report:?}");
+            assert_eq!(inbox.dead().await.unwrap()[0].error_text.as_deref(), Some("gap timeout at sequence 1"));
+        }
+
+        #[tokio::test]
+        async fn an_operator_can_skip_a_gap() {
+            let Some(pool) = ledger("skip_gap").await else { return };
+            for sequence in [1, 3, 4] {
+                strict(&pool, "acct", sequence).await;
+            }
+            let inbox = inbox(&pool).await;
+
+            assert_eq!(inbox.skip_gap("credit_strict", "acct").await.unwrap(), 2);
+            assert_eq!(inbox.skip_gap("credit_strict", "acct").await.unwrap(), 0, "nothing is parked any more");
+
+            assert_eq!(sequences(&pool, "acct").await, [1, 3, 4]);
+            let error = inbox.skip_gap("credit_strickt", "acct").await.unwrap_err();
+            assert!(matches!(&error, Error::UnknownHandler(name) if name == "credit_strickt"), "{error}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn an_aggregate_without_sequence_is_still_serialized() {
+            let Some(pool) = ledger("unsequenced").await else { return };
+            let tasks: Vec<_> = (0..20)
+                .map(|i| {
+                    let pool = pool.clone();
+                    let event = Credited::new(format!("e-{i}"), "acct", 0, 1);
+                    tokio::spawn(async move { credit_unsequenced.process(&pool, event).await })
+                })
+                .collect();
+            let mut outcomes = BTreeMap::new();
+            for task in tasks {
+                *outcomes.entry(task.await.unwrap().unwrap()).or_insert(0) += 1;
+            }
+
+            assert_eq!(outcomes, BTreeMap::from([(Outcome::Processed, 20)]));
+            assert_eq!(balance(&pool, "acct").await, 20, "no update was lost");
+        }
+    };
+}
+
+mod sqlite {
+    strict_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+}
+
+mod postgres {
+    strict_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+}
