@@ -43,7 +43,9 @@
 //! | `key = "field"` or `key = ["a", "b"]` (required) | the dedup identity, read from the message's fields |
 //! | `sequence = "field"` | an integer field; per aggregate, a message whose sequence is not newer than the last applied one is skipped as [`Outcome::Stale`] |
 //! | `aggregate = "field"` | the ordering stream, and the unit of serialization: handlers of one aggregate never run concurrently |
-//! | `ordering = "monotonic"` | the default: newer sequences apply, gaps are allowed |
+//! | `ordering = "monotonic"` | the default: newer sequences apply, gaps are allowed, older ones are [`Outcome::Stale`] |
+//! | `ordering = "strict"` | sequences apply contiguously from 1: a message ahead of its predecessor is [`Outcome::Parked`] and applied, in order, when the gap fills ([`Outcome::Released`]) |
+//! | `gap_timeout = "15m"` | strict only: how long a parked message waits before it is marked dead ([`DEFAULT_GAP_TIMEOUT`] if unset) |
 //! | `name = "..."` | the handler's stable dedup scope; default: the function's name. **Renaming the function without setting `name` starts a new scope, in which every message is new again.** |
 //! | `crate = "path"` | where generated code finds this crate, for re-exporting crates |
 //!
