@@ -49,6 +49,38 @@
 //! | `name = "..."` | the handler's stable dedup scope; default: the function's name. **Renaming the function without setting `name` starts a new scope, in which every message is new again.** |
 //! | `crate = "path"` | where generated code finds this crate, for re-exporting crates |
 //!
+//! ## Strict ordering
+//!
+//! ```
+//! use inbox::prelude::*;
+//!
+//! #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+//! struct Deposited { event_id: u64, account: String, version: i64, amount: i64 }
+//!
+//! #[inbox_handler(key = "event_id", sequence = "version", aggregate = "account", ordering = "strict")]
+//! async fn deposit(tx: &mut sqlx::SqliteConnection, msg: Deposited) -> Result<(), HandlerError> {
+//!     sqlx::query("INSERT INTO history (account, version) VALUES ($1, $2)")
+//!         .bind(msg.account).bind(msg.version).execute(&mut *tx).await?;
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! inbox::migrate(&pool).await?;
+//! sqlx::query("CREATE TABLE history (account TEXT, version INTEGER)").execute(&pool).await?;
+//! let event = |event_id, version| Deposited { event_id, account: "a-1".into(), version, amount: 5 };
+//!
+//! // Version 2 arrives first: it waits, durably, for version 1.
+//! assert_eq!(deposit.process(&pool, event(20, 2)).await?, Outcome::Parked);
+//! // Version 1 applies, then releases version 2 in its own transaction.
+//! assert_eq!(deposit.process(&pool, event(10, 1)).await?, Outcome::Processed);
+//!
+//! let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM history").fetch_all(&pool).await?;
+//! assert_eq!(versions, [1, 2]);
+//! # Ok(()) }
+//! ```
+//!
 //! The first parameter names the database: `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`,
 //! `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>` (the transaction plus the
 //! message's metadata). A handler may also take only the message. The annotated name stays callable
