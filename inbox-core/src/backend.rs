@@ -182,6 +182,12 @@ pub trait Backend: sqlx::Database {
         up_to: i64,
     ) -> impl Future<Output = Result<Option<ParkedMessage>, sqlx::Error>> + Send;
 
+    /// Whether the stream has parked messages (a read that takes no lock).
+    fn has_parked(
+        pool: &Pool<Self>,
+        stream: &Stream<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// The aggregates of `handler` whose lowest parked message can be released now.
     fn releasable(
         pool: &Pool<Self>,
@@ -258,6 +264,9 @@ const SET_STREAM: &str = "UPDATE inbox_streams SET last_sequence = $4, updated_a
 const NEXT_PARKED: &str = "SELECT message_id, sequence_number, payload, headers FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked' \
     AND sequence_number <= $4 ORDER BY sequence_number LIMIT 1";
+
+const HAS_PARKED: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM inbox_messages \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked' LIMIT 1) AS parked";
 
 const RELEASABLE: &str = "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
     JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
@@ -403,6 +412,16 @@ macro_rules! sql_backend {
                     .bind(up_to)
                     .fetch_optional(&mut *conn)
                     .await
+            }
+
+            async fn has_parked(pool: &Pool<Self>, stream: &Stream<'_>) -> Result<bool, sqlx::Error> {
+                let parked: i64 = sqlx::query_scalar(HAS_PARKED)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .fetch_one(pool)
+                    .await?;
+                Ok(parked > 0)
             }
 
             async fn releasable(pool: &Pool<Self>, consumer: &str, handler: &str) -> Result<Vec<String>, sqlx::Error> {

@@ -193,14 +193,27 @@ pub async fn release<DB: Backend, H: Handler<DB>>(
     Ok(released)
 }
 
-/// [`release`] after a message was guarded: a failure stops the chain and is logged, since the
-/// message itself is settled and the chain resumes with the aggregate's next delivery.
+/// [`release`] after a message was guarded, if anything is parked for its aggregate: a failure
+/// stops the chain and is logged, since the message itself is settled and the chain resumes with
+/// the aggregate's next delivery.
 async fn release_logged<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
     aggregate: &str,
 ) -> u32 {
+    let stream = Stream {
+        consumer,
+        handler: handler.name(),
+        aggregate,
+    };
+    match DB::has_parked(pool, &stream).await {
+        Ok(false) => return 0,
+        Ok(true) => {}
+        Err(error) => {
+            tracing::warn!(%error, "could not check for parked messages; trying to release")
+        }
+    }
     let mut released = 0;
     loop {
         match release_next(pool, consumer, handler, aggregate).await {
