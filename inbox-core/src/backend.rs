@@ -122,6 +122,10 @@ pub struct StoredMessage {
     note = "the inbox runs on `sqlx::Postgres` and `sqlx::Sqlite`"
 )]
 pub trait Backend: sqlx::Database {
+    /// How many messages a runtime handles at once by default: SQLite has one writer at a time,
+    /// so more workers there only wait for each other.
+    const DEFAULT_WORKERS: usize;
+
     /// Begins the transaction that guards one message (SQLite: `BEGIN IMMEDIATE`, so the write lock
     /// is taken up front instead of failing on upgrade).
     fn begin(
@@ -294,12 +298,15 @@ pub const MIGRATIONS_TABLE: &str = "_inbox_migrations";
 macro_rules! sql_backend {
     (
         $db:ty,
+        workers: $workers:literal,
         begin: |$pool:ident| $begin:expr,
         overdue: $overdue:literal,
         migrations: $migrations:literal,
         ddl: [$($ddl:literal),*]
     ) => {
         impl Backend for $db {
+            const DEFAULT_WORKERS: usize = $workers;
+
             async fn begin($pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
                 $begin.await
             }
@@ -500,6 +507,7 @@ macro_rules! sql_backend {
 
 sql_backend!(
     Postgres,
+    workers: 4,
     begin: |pool| pool.begin(),
     overdue: "< now() - make_interval(secs => $3)",
     migrations: "./migrations/postgres",
@@ -507,6 +515,7 @@ sql_backend!(
 );
 sql_backend!(
     Sqlite,
+    workers: 1,
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
     overdue: "< datetime('now', '-' || $3 || ' seconds')",
     migrations: "./migrations/sqlite",

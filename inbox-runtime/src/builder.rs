@@ -9,9 +9,6 @@ use crate::inbox::Inbox;
 use crate::registry::{BuildError, Registry};
 use crate::route::{HandlerRoute, Route};
 
-/// The default number of workers of [`Inbox::run`].
-pub const DEFAULT_WORKERS: usize = 4;
-
 /// Builds an [`Inbox`]; start with [`Inbox::builder`].
 pub struct InboxBuilder<DB: Backend> {
     pool: Pool<DB>,
@@ -25,7 +22,7 @@ impl<DB: Backend> InboxBuilder<DB> {
         Self {
             pool,
             consumer: DEFAULT_CONSUMER.to_owned(),
-            workers: DEFAULT_WORKERS,
+            workers: DB::DEFAULT_WORKERS,
             routes: Vec::new(),
         }
     }
@@ -37,8 +34,9 @@ impl<DB: Backend> InboxBuilder<DB> {
         self
     }
 
-    /// How many messages are handled concurrently by [`Inbox::run`] (at least 1). Messages of one
-    /// aggregate always go to the same worker, in delivery order.
+    /// How many messages are handled concurrently by [`Inbox::run`] (at least 1; default
+    /// [`Backend::DEFAULT_WORKERS`]: 4 on PostgreSQL, 1 on SQLite, where writers take turns anyway).
+    /// Messages of one aggregate always go to the same worker, in delivery order.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers.max(1);
         self

@@ -10,7 +10,7 @@ mod route;
 mod source;
 mod worker;
 
-pub use builder::{DEFAULT_WORKERS, InboxBuilder};
+pub use builder::InboxBuilder;
 pub use inbox::{Inbox, RunError, RunReport};
 pub use registry::BuildError;
 pub use route::Handled;
