@@ -15,6 +15,18 @@ macro_rules! runtime_suite {
         $crate::common::ledger::ledger_handlers!($conn);
         $crate::common::queries::ledger_queries!($db, $connect);
 
+        /// Panics on a negative amount, after writing: the panic must roll the write back.
+        #[inbox_handler(key = "event_id", name = "explode")]
+        async fn explode(tx: &mut $conn, msg: Credited) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO audit_log (event_id, amount) VALUES ($1, $2)")
+                .bind(msg.event_id)
+                .bind(msg.amount)
+                .execute(&mut *tx)
+                .await?;
+            assert!(msg.amount >= 0, "negative amount {}", msg.amount);
+            Ok(())
+        }
+
         async fn billing(pool: &Pool, workers: usize) -> Inbox<$db> {
             Inbox::builder(pool.clone())
                 .consumer("billing")
@@ -148,6 +160,34 @@ macro_rules! runtime_suite {
             assert_eq!(report.count(Outcome::Processed), 1);
             assert_eq!(broker.acked(), 1);
             assert_eq!(balance(&pool, "acct").await, 30);
+        }
+
+        #[tokio::test]
+        async fn a_panicking_handler_is_an_error_and_its_worker_lives_on() {
+            let Some(pool) = ledger("handler_panic").await else { return };
+            let inbox = Inbox::builder(pool.clone()).workers(1).handler(explode).build().await.unwrap();
+            let poison = envelope(&Credited::new("bad", "acct", 1, -5));
+
+            let error = inbox.dispatch(&poison).await.unwrap_err();
+            assert!(matches!(error, Error::Handler { handler: "explode", .. }), "{error}");
+            assert!(error.to_string().contains("handler panicked: negative amount -5"), "{error}");
+            assert_eq!(count(&pool, "audit_log").await, 0, "the panic rolled the write back");
+
+            let broker = MemoryBroker::new();
+            broker.publish(poison);
+            for i in 0..5 {
+                broker.publish(envelope(&Credited::new(format!("good-{i}"), "acct", 1, 1)));
+            }
+            let stop = {
+                let broker = broker.clone();
+                async move { eventually("the good ones are done and the poison came back", || broker.acked() == 5 && broker.redelivered() >= 2).await }
+            };
+            let report = inbox.run_until(broker.source(), stop).await.unwrap();
+
+            assert!(report.failed >= 2, "{report:?}");
+            assert_eq!(report.count(Outcome::Processed), 5, "{report:?}");
+            assert_eq!(count(&pool, "audit_log").await, 5);
+            assert_eq!(status(&pool, "explode", "bad").await, None);
         }
 
         #[tokio::test]

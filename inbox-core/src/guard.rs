@@ -2,14 +2,18 @@
 //! bookkeeping, committed before anything is acknowledged; and, under strict ordering, the release
 //! of parked successors, each in a transaction of its own.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
 use crate::backend::{Backend, Claim, Claimed, MessageKey, Stream};
 use crate::context::Context;
-use crate::error::Error;
+use crate::error::{Error, HandlerError};
 use crate::handler::{Handler, Headers, Ordering};
 use crate::identity::Identity;
 use crate::message::Message;
@@ -141,7 +145,8 @@ async fn position<DB: Backend>(
     })
 }
 
-/// Runs the handler inside `tx`; on error rolls back and says which handler failed.
+/// Runs the handler inside `tx`; on error, a panic included, rolls back and says which handler
+/// failed.
 async fn run_handler<DB: Backend, H: Handler<DB>>(
     tx: Transaction<'static, DB>,
     consumer: &str,
@@ -151,7 +156,10 @@ async fn run_handler<DB: Backend, H: Handler<DB>>(
     message: H::Message,
 ) -> Result<Transaction<'static, DB>, Error> {
     let mut ctx = Context::new(tx, consumer, handler.name(), identity, headers);
-    let handled = handler.handle(&mut ctx, message).await;
+    let handled = AssertUnwindSafe(handler.handle(&mut ctx, message))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Err(HandlerError::msg(panic_message(&*panic))));
     let tx = ctx.into_transaction();
     match handled {
         Ok(()) => Ok(tx),
@@ -165,6 +173,16 @@ async fn run_handler<DB: Backend, H: Handler<DB>>(
             })
         }
     }
+}
+
+/// What a handler's panic said, as an error message.
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-text panic payload");
+    format!("handler panicked: {text}")
 }
 
 fn seen_outcome(stored_hash: &[u8], delivered_hash: &[u8]) -> Outcome {
