@@ -157,6 +157,7 @@ macro_rules! strict_suite {
             broker.close();
             let report = restarted.run(broker.source()).await.unwrap();
 
+            assert_eq!(report.count(Outcome::Released), 2, "{report:?}");
             assert_eq!(sequences(&pool, "acct").await, [1, 2, 3, 4], "{report:?}");
             assert_eq!(balance(&pool, "acct").await, 10);
             assert!(restarted.parked().await.unwrap().is_empty());

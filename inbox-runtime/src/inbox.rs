@@ -59,7 +59,8 @@ pub enum RunError {
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunReport {
-    /// Handler outcomes by kind, over all deliveries.
+    /// Handler outcomes by kind, over all deliveries; `released` also counts what the run released
+    /// when it started (see [`Inbox::resume`]).
     pub outcomes: BTreeMap<&'static str, u64>,
     /// Deliveries acknowledged.
     pub acked: u64,
@@ -73,6 +74,12 @@ impl RunReport {
     /// How many handler calls ended with `outcome`.
     pub fn count(&self, outcome: Outcome) -> u64 {
         self.outcomes.get(outcome.as_str()).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn add(&mut self, outcome: Outcome, count: u64) {
+        if count > 0 {
+            *self.outcomes.entry(outcome.as_str()).or_default() += count;
+        }
     }
 
     pub(crate) fn merge(&mut self, other: RunReport) {

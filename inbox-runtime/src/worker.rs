@@ -28,9 +28,10 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     mut source: S,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<RunReport, RunError> {
-    if let Err(error) = shared.resume().await {
+    let resumed = shared.resume().await.unwrap_or_else(|error| {
         tracing::warn!(%error, "could not resume the release of parked messages");
-    }
+        0
+    });
     let (stop_sweeping, sweeper) = spawn_gap_sweeper(Arc::clone(&shared));
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
         .map(|_| spawn_worker(Arc::clone(&shared)))
@@ -38,6 +39,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     let routed = route(&shared, &mut source, &queues, shutdown).await;
     drop(queues);
     let mut report = RunReport::default();
+    report.add(Outcome::Released, u64::from(resumed));
     for worker in workers {
         match worker.await {
             Ok(done) => report.merge(done),
@@ -151,11 +153,8 @@ async fn handle_all<DB: Backend>(
         match shared.execute(jobs, delivery.envelope()).await {
             Ok(handled) => {
                 for done in handled {
-                    *report.outcomes.entry(done.outcome.as_str()).or_default() += 1;
-                    if done.released > 0 {
-                        let released = Outcome::Released.as_str();
-                        *report.outcomes.entry(released).or_default() += u64::from(done.released);
-                    }
+                    report.add(done.outcome, 1);
+                    report.add(Outcome::Released, u64::from(done.released));
                 }
                 report.acked += 1;
                 if let Err(error) = delivery.ack().await {
