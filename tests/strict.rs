@@ -228,6 +228,48 @@ macro_rules! strict_suite {
         }
 
         #[tokio::test]
+        async fn expiry_leaves_a_message_that_can_apply_alone() {
+            let Some(pool) = ledger("expiry_spares_ready").await else { return };
+            strict(&pool, "acct", 2).await;
+            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 2)").execute(&pool).await.unwrap();
+            assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
+            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            let inbox = inbox(&pool).await;
+
+            assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not behind a gap: its release failed");
+            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            assert_eq!(inbox.resume().await.unwrap(), 1);
+
+            assert_eq!(sequences(&pool, "acct").await, [1, 2]);
+        }
+
+        #[tokio::test]
+        async fn skipping_a_timed_out_gap_brings_its_messages_back() {
+            let Some(pool) = ledger("skip_dead_gap").await else { return };
+            for sequence in [1, 3, 4] {
+                strict(&pool, "acct", sequence).await;
+            }
+            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            let inbox = inbox(&pool).await;
+            assert_eq!(inbox.expire_gaps().await.unwrap().len(), 1);
+
+            assert_eq!(inbox.skip_gap("credit_strict", "acct").await.unwrap(), 2);
+
+            assert_eq!(sequences(&pool, "acct").await, [1, 3, 4]);
+            assert!(inbox.dead().await.unwrap().is_empty());
+        }
+
+        #[tokio::test]
+        async fn strict_sequences_start_at_one() {
+            let Some(pool) = ledger("strict_from_one").await else { return };
+
+            let error = credit_strict.process(&pool, event("acct", 0)).await.unwrap_err();
+
+            assert!(matches!(error, Error::InvalidIdentity { what: "sequence", .. }), "{error}");
+            assert!(error.to_string().contains("from 1; got 0"), "{error}");
+        }
+
+        #[tokio::test]
         async fn the_runtime_expires_gaps_while_it_runs() {
             let Some(pool) = ledger("gap_sweeper").await else { return };
             let inbox = Inbox::builder(pool.clone()).handler(credit_quick_gap).build().await.unwrap();

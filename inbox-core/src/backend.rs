@@ -199,22 +199,33 @@ pub trait Backend: sqlx::Database {
         handler: &str,
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
-    /// Moves a stream to just before its lowest parked message (an operator skipping a gap that
-    /// will not fill). Returns `false` if nothing is parked.
+    /// For an operator skipping a gap that will not fill, on a locked stream at `last`: brings the
+    /// messages that a gap timeout marked dead back to parked, and moves the stream to just before
+    /// its lowest parked message if that is ahead of `last + 1`. Never moves the stream backwards.
     fn skip_gap(
         conn: &mut Self::Connection,
         stream: &Stream<'_>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+        last: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
-    /// Marks dead the parked messages of every aggregate of `handler` whose oldest parked message
-    /// has waited longer than `timeout_secs`, with the reason "gap timeout at sequence n" (n: the
-    /// missing one). Returns `(aggregate, missing sequence, messages)` per aggregate.
-    fn expire_gaps(
-        conn: &mut Self::Connection,
+    /// The aggregates of `handler` whose oldest parked message has waited longer than
+    /// `timeout_secs` behind a real gap (its lowest parked sequence is not the next one). A read
+    /// without locks: [`Backend::bury_gap`] checks again under the stream lock.
+    fn overdue_gaps(
+        pool: &Pool<Self>,
         consumer: &str,
         handler: &str,
         timeout_secs: f64,
-    ) -> impl Future<Output = Result<Vec<(String, i64, i64)>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+
+    /// On a locked stream at `last`: if its lowest parked message is still behind a gap, marks all
+    /// its parked messages dead with the reason "gap timeout at sequence n" (n = `last + 1`, the
+    /// missing one). Returns `(n, messages)`, or `None` if the gap has filled meanwhile.
+    fn bury_gap(
+        conn: &mut Self::Connection,
+        stream: &Stream<'_>,
+        last: i64,
+    ) -> impl Future<Output = Result<Option<(i64, i64)>, sqlx::Error>> + Send;
 
     /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
     fn list(
@@ -277,10 +288,12 @@ const RELEASABLE: &str = "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
     WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
     AND m.sequence_number <= s.last_sequence + 1";
 
-const SKIP_GAP: &str = "UPDATE inbox_streams SET last_sequence = parked.first - 1, updated_at = CURRENT_TIMESTAMP \
-    FROM (SELECT MIN(sequence_number) AS first FROM inbox_messages \
-          WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked') AS parked \
-    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND parked.first IS NOT NULL";
+const REVIVE_GAP_DEAD: &str = "UPDATE inbox_messages SET status = 'parked', error_text = NULL \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'dead' \
+    AND error_text LIKE 'gap timeout at sequence %'";
+
+const PARKED_RANGE: &str = "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
 
 const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text = $4 \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
@@ -289,7 +302,8 @@ const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequ
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
 
-const CHECK_SCHEMA: &str = "SELECT 1 FROM inbox_messages, inbox_streams WHERE 1 = 0";
+const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, s.last_sequence \
+    FROM inbox_messages m, inbox_streams s WHERE 1 = 0";
 
 /// The name of the table that records which inbox migrations ran, kept apart from the
 /// application's own `_sqlx_migrations`.
@@ -304,6 +318,20 @@ macro_rules! sql_backend {
         migrations: $migrations:literal,
         ddl: [$($ddl:literal),*]
     ) => {
+        const _: () = {
+        /// `(lowest parked sequence, parked messages)` of a stream.
+        async fn parked_range(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            stream: &Stream<'_>,
+        ) -> Result<(Option<i64>, i64), sqlx::Error> {
+            sqlx::query_as(PARKED_RANGE)
+                .bind(stream.consumer)
+                .bind(stream.handler)
+                .bind(stream.aggregate)
+                .fetch_one(&mut *conn)
+                .await
+        }
+
         impl Backend for $db {
             const DEFAULT_WORKERS: usize = $workers;
 
@@ -435,51 +463,61 @@ macro_rules! sql_backend {
                 sqlx::query_scalar(RELEASABLE).bind(consumer).bind(handler).fetch_all(pool).await
             }
 
-            async fn skip_gap(conn: &mut Self::Connection, stream: &Stream<'_>) -> Result<bool, sqlx::Error> {
-                let moved = sqlx::query(SKIP_GAP)
+            async fn skip_gap(conn: &mut Self::Connection, stream: &Stream<'_>, last: i64) -> Result<(), sqlx::Error> {
+                sqlx::query(REVIVE_GAP_DEAD)
                     .bind(stream.consumer)
                     .bind(stream.handler)
                     .bind(stream.aggregate)
                     .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                Ok(moved == 1)
+                    .await?;
+                let (first, _): (Option<i64>, i64) = parked_range(conn, stream).await?;
+                match first {
+                    Some(first) if first - 1 > last => Self::set_stream(conn, stream, first - 1).await,
+                    _ => Ok(()),
+                }
             }
 
-            async fn expire_gaps(
-                conn: &mut Self::Connection,
+            async fn overdue_gaps(
+                pool: &Pool<Self>,
                 consumer: &str,
                 handler: &str,
                 timeout_secs: f64,
-            ) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
-                // `(aggregate, last applied sequence, parked messages)` of the streams whose oldest
-                // parked message is older than `$3` seconds.
+            ) -> Result<Vec<String>, sqlx::Error> {
                 const OVERDUE: &str = concat!(
-                    "SELECT m.aggregate_id, s.last_sequence, COUNT(*) FROM inbox_messages m \
+                    "SELECT m.aggregate_id FROM inbox_messages m \
                      JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
                      WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
-                     GROUP BY m.aggregate_id, s.last_sequence HAVING MIN(m.received_at) ",
-                    $overdue
+                     GROUP BY m.aggregate_id, s.last_sequence \
+                     HAVING MIN(m.sequence_number) > s.last_sequence + 1 AND MIN(m.received_at) ",
+                    $overdue,
+                    " ORDER BY m.aggregate_id"
                 );
-                let overdue: Vec<(String, i64, i64)> = sqlx::query_as(OVERDUE)
+                sqlx::query_scalar(OVERDUE)
                     .bind(consumer)
                     .bind(handler)
                     .bind(timeout_secs)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                let mut expired = Vec::with_capacity(overdue.len());
-                for (aggregate, last, parked) in overdue {
-                    let missing = last + 1;
-                    sqlx::query(BURY_PARKED)
-                        .bind(consumer)
-                        .bind(handler)
-                        .bind(aggregate.as_str())
-                        .bind(format!("gap timeout at sequence {missing}"))
-                        .execute(&mut *conn)
-                        .await?;
-                    expired.push((aggregate, missing, parked));
+                    .fetch_all(pool)
+                    .await
+            }
+
+            async fn bury_gap(
+                conn: &mut Self::Connection,
+                stream: &Stream<'_>,
+                last: i64,
+            ) -> Result<Option<(i64, i64)>, sqlx::Error> {
+                let (first, parked): (Option<i64>, i64) = parked_range(conn, stream).await?;
+                let missing = last + 1;
+                if !first.is_some_and(|first| first > missing) {
+                    return Ok(None);
                 }
-                Ok(expired)
+                sqlx::query(BURY_PARKED)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .bind(format!("gap timeout at sequence {missing}"))
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(Some((missing, parked)))
             }
 
             async fn list(pool: &Pool<Self>, consumer: &str, status: &str) -> Result<Vec<StoredMessage>, sqlx::Error> {
@@ -502,13 +540,14 @@ macro_rules! sql_backend {
                 concat!($(include_str!($ddl)),*)
             }
         }
+        };
     };
 }
 
 sql_backend!(
     Postgres,
     workers: 4,
-    begin: |pool| pool.begin(),
+    begin: |pool| pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED"),
     overdue: "< now() - make_interval(secs => $3)",
     migrations: "./migrations/postgres",
     ddl: ["../migrations/postgres/0001_inbox.sql", "../migrations/postgres/0002_strict_ordering.sql"]

@@ -23,10 +23,10 @@ pub enum Error {
         error: HandlerError,
     },
 
-    /// The message's key or aggregate field holds a value the inbox cannot store.
+    /// The message's key, aggregate or sequence field holds a value the inbox cannot use.
     #[error("invalid {what}: {reason}")]
     InvalidIdentity {
-        /// `message id` or `aggregate id`.
+        /// `message id`, `aggregate id` or `sequence`.
         what: &'static str,
         /// Why the value was refused.
         reason: String,

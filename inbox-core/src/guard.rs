@@ -67,6 +67,16 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     identity: &Identity,
     headers: Option<&Headers>,
 ) -> Result<Outcome, Error> {
+    if let (Ordering::Strict { .. }, Some(sequence @ ..=0)) =
+        (handler.ordering(), identity.sequence())
+    {
+        return Err(Error::InvalidIdentity {
+            what: "sequence",
+            reason: format!(
+                "strict ordering numbers an aggregate's messages from 1; got {sequence}"
+            ),
+        });
+    }
     let encoded = serde_json::to_vec(&message).map_err(|e| Error::Encode(e.to_string()))?;
     let payload_hash = Sha256::digest(&encoded);
     let claim = Claim {
@@ -81,7 +91,16 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     let mut tx = DB::begin(pool).await?;
     if let Claimed::Seen { payload_hash } = DB::claim(&mut tx, &claim).await? {
         tx.rollback().await?;
-        return Ok(seen_outcome(&payload_hash, claim.payload_hash));
+        let outcome = seen_outcome(&payload_hash, claim.payload_hash);
+        if outcome == Outcome::Conflict {
+            tracing::warn!(
+                consumer,
+                handler = claim.handler,
+                message_id = claim.message_id,
+                "conflict: a message with this id was handled before with different content; not applied"
+            );
+        }
+        return Ok(outcome);
     }
     let outcome = match position(&mut tx, &claim, handler.ordering()).await? {
         Position::Stale => {
@@ -292,8 +311,9 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
     Ok(Some(Outcome::Released))
 }
 
-/// Releases what can be released for every aggregate of `handler`: what a crash in the middle of a
-/// release chain left parked behind an applied predecessor.
+/// Releases what can be released for every aggregate of `handler`: what a failed or crashed
+/// release chain left parked behind an applied predecessor. An aggregate whose release fails is
+/// logged and left for the next attempt; the others go on.
 pub async fn resume<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -301,14 +321,20 @@ pub async fn resume<DB: Backend, H: Handler<DB>>(
 ) -> Result<u32, Error> {
     let mut released = 0;
     for aggregate in DB::releasable(pool, consumer, handler.name()).await? {
-        released += release(pool, consumer, handler, &aggregate).await?;
+        match release(pool, consumer, handler, &aggregate).await {
+            Ok(count) => released += count,
+            Err(error) => {
+                tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed; it stays parked")
+            }
+        }
     }
     Ok(released)
 }
 
-/// Skips the gap in front of the parked messages of `aggregate`, deliberately: the stream moves to
-/// just before its lowest parked message, which is then released with its successors. Returns how
-/// many were released (0 if nothing was parked).
+/// Skips the gap in front of the parked messages of `aggregate`, deliberately, for a predecessor
+/// known to be lost: messages a gap timeout marked dead are parked again, the stream moves to just
+/// before the lowest parked message (never backwards), and what can apply is released. Returns how
+/// many were released.
 pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -321,12 +347,9 @@ pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
         aggregate,
     };
     let mut tx = DB::begin(pool).await?;
-    DB::lock_stream(&mut tx, &stream).await?;
-    let moved = DB::skip_gap(&mut tx, &stream).await?;
+    let last = DB::lock_stream(&mut tx, &stream).await?;
+    DB::skip_gap(&mut tx, &stream, last).await?;
     tx.commit().await?;
-    if !moved {
-        return Ok(0);
-    }
     tracing::warn!(
         handler = handler.name(),
         aggregate,
@@ -347,30 +370,39 @@ pub struct ExpiredGap {
 }
 
 /// Marks dead, with the reason "gap timeout at sequence n", the parked messages of every aggregate
-/// of `handler` whose oldest parked message has waited longer than `timeout`.
+/// of `handler` whose oldest parked message has waited longer than `timeout` behind a real gap.
+/// Each aggregate is checked again under its stream lock, so a gap that fills meanwhile, or a
+/// release in progress, is left alone.
 pub async fn expire_gaps<DB: Backend>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &str,
     timeout: Duration,
 ) -> Result<Vec<ExpiredGap>, Error> {
-    let mut tx = DB::begin(pool).await?;
-    let expired = DB::expire_gaps(&mut tx, consumer, handler, timeout.as_secs_f64()).await?;
-    tx.commit().await?;
-    for (aggregate, missing, _) in &expired {
-        tracing::warn!(
+    let mut expired = Vec::new();
+    for aggregate in DB::overdue_gaps(pool, consumer, handler, timeout.as_secs_f64()).await? {
+        let stream = Stream {
+            consumer,
             handler,
-            aggregate,
-            missing,
-            "gap timeout: parked messages are dead"
-        );
+            aggregate: &aggregate,
+        };
+        let mut tx = DB::begin(pool).await?;
+        let last = DB::lock_stream(&mut tx, &stream).await?;
+        let buried = DB::bury_gap(&mut tx, &stream, last).await?;
+        tx.commit().await?;
+        if let Some((missing_sequence, messages)) = buried {
+            tracing::warn!(
+                handler,
+                aggregate,
+                missing_sequence,
+                "gap timeout: parked messages are dead"
+            );
+            expired.push(ExpiredGap {
+                aggregate,
+                missing_sequence,
+                messages,
+            });
+        }
     }
-    Ok(expired
-        .into_iter()
-        .map(|(aggregate, missing_sequence, messages)| ExpiredGap {
-            aggregate,
-            missing_sequence,
-            messages,
-        })
-        .collect())
+    Ok(expired)
 }

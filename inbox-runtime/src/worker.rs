@@ -47,12 +47,16 @@ pub(crate) async fn run<DB: Backend, S: Source>(
         }
     }
     drop(stop_sweeping);
-    report.gap_expired = sweeper.await.unwrap_or_default();
+    report.gap_expired = sweeper.await.unwrap_or_else(|error| {
+        tracing::error!(%error, "the gap sweeper failed");
+        0
+    });
     routed.map(|()| report)
 }
 
-/// Periodically marks dead the parked messages whose gap outlived its timeout, until the sender
-/// is dropped; returns how many it marked. Checks at half the shortest gap timeout (between 100 ms
+/// Periodically, until the sender is dropped: releases parked messages whose predecessor has
+/// applied (a release that failed earlier), then marks dead the parked messages whose gap outlived
+/// its timeout; returns how many it marked. Runs at half the shortest gap timeout (between 100 ms
 /// and a minute), so a gap is expired at most half a timeout late.
 fn spawn_gap_sweeper<DB: Backend>(
     shared: Arc<Shared<DB>>,
@@ -68,6 +72,9 @@ fn spawn_gap_sweeper<DB: Backend>(
             tokio::select! {
                 _ = &mut stopped => return expired,
                 () = tokio::time::sleep(period) => {}
+            }
+            if let Err(error) = shared.resume().await {
+                tracing::warn!(%error, "could not release parked messages");
             }
             match shared.expire_gaps().await {
                 Ok(gaps) => expired += gaps.iter().map(|(_, gap)| gap.messages as u64).sum::<u64>(),
@@ -100,10 +107,26 @@ async fn route<DB: Backend, S: Source>(
             Err(error) => return Err(refuse(delivery, error).await),
         };
         let queue = &queues[worker_for(&jobs, &delivery, queues.len())];
-        if queue.send(Work { delivery, jobs }).await.is_err() {
+        let permit = tokio::select! {
+            biased;
+            () = &mut shutdown => {
+                settle_unhandled(delivery).await;
+                return Ok(());
+            }
+            permit = queue.reserve() => permit,
+        };
+        match permit {
+            Ok(permit) => permit.send(Work { delivery, jobs }),
             // The worker is gone only if it panicked; joining it re-raises that panic.
-            return Ok(());
+            Err(_) => return Ok(()),
         }
+    }
+}
+
+/// Hands a pulled delivery back to the broker unhandled, at shutdown.
+async fn settle_unhandled(delivery: Delivery) {
+    if let Err(error) = delivery.nack().await {
+        tracing::warn!(%error, "could not hand a delivery back at shutdown; the broker will redeliver it");
     }
 }
 

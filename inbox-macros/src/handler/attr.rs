@@ -130,6 +130,11 @@ fn parse_duration(cx: &Ctxt, value: &Expr) -> Option<(LitStr, u64)> {
         _ => None,
     };
     match (number.parse::<u64>(), scale) {
+        (Ok(0), Some(_)) => {
+            let message = "a gap timeout of zero would give up on every parked message at once; give it at least \"1s\"";
+            cx.error_spanned_by(&lit, message);
+            None
+        }
         (Ok(number), Some(scale)) => Some((lit, number.saturating_mul(scale))),
         _ => {
             let message = format!(

@@ -1,0 +1,16 @@
+// A zero gap timeout would give up on every parked message at once.
+use inbox::prelude::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct OrderPaid {
+    event_id: Uuid,
+    order_id: String,
+    sequence: i64,
+}
+
+#[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id", ordering = "strict", gap_timeout = "0s")]
+async fn mark_paid(_tx: &mut sqlx::PgConnection, _msg: OrderPaid) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}
