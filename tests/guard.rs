@@ -184,6 +184,8 @@ macro_rules! guard_suite {
                     &error,
                     Error::Handler {
                         handler: "credit",
+                        attempt: 1,
+                        retry_after: Some(_),
                         ..
                     }
                 ),
@@ -194,9 +196,9 @@ macro_rules! guard_suite {
                 "{error}"
             );
             assert_eq!(
-                status(&pool, "credit", "e-1").await,
-                None,
-                "a failed message must stay unseen"
+                status(&pool, "credit", "e-1").await.as_deref(),
+                Some("failed"),
+                "a failed message is kept as failed, not seen"
             );
             assert_eq!(
                 count(&pool, "applied").await,

@@ -8,7 +8,7 @@ macro_rules! runtime_suite {
         use std::time::Duration;
 
         use inbox::prelude::*;
-        use inbox::{BuildError, Error, MemoryBroker, RunError, RunReport, Source};
+        use inbox::{BuildError, Error, MemoryBroker, RetryPolicy, RunError, RunReport, Source};
 
         use $crate::common::ledger::Credited;
 
@@ -27,10 +27,16 @@ macro_rules! runtime_suite {
             Ok(())
         }
 
+        /// Retries at once, almost: the tests wait for redeliveries, not for backoff.
+        fn eager_retries() -> RetryPolicy {
+            RetryPolicy::new(100).backoff(Duration::from_millis(1), Duration::from_millis(5))
+        }
+
         async fn billing(pool: &Pool, workers: usize) -> Inbox<$db> {
             Inbox::builder(pool.clone())
                 .consumer("billing")
                 .workers(workers)
+                .retry(eager_retries())
                 .handler(credit)
                 .build()
                 .await
@@ -152,7 +158,7 @@ macro_rules! runtime_suite {
                 async move { inbox.run(source).await }
             });
             eventually("the failing delivery came back three times", || broker.redelivered() >= 3).await;
-            assert_eq!(status(&pool, "credit", "e-1").await, None);
+            assert_eq!(status(&pool, "credit", "e-1").await.as_deref(), Some("failed"));
             freeze(&pool, "acct", false).await;
             let report = run.await.unwrap().unwrap();
 
@@ -165,7 +171,7 @@ macro_rules! runtime_suite {
         #[tokio::test]
         async fn a_panicking_handler_is_an_error_and_its_worker_lives_on() {
             let Some(pool) = ledger("handler_panic").await else { return };
-            let inbox = Inbox::builder(pool.clone()).workers(1).handler(explode).build().await.unwrap();
+            let inbox = Inbox::builder(pool.clone()).workers(1).retry(eager_retries()).handler(explode).build().await.unwrap();
             let poison = envelope(&Credited::new("bad", "acct", 1, -5));
 
             let error = inbox.dispatch(&poison).await.unwrap_err();
@@ -187,7 +193,7 @@ macro_rules! runtime_suite {
             assert!(report.failed >= 2, "{report:?}");
             assert_eq!(report.count(Outcome::Processed), 5, "{report:?}");
             assert_eq!(count(&pool, "audit_log").await, 5);
-            assert_eq!(status(&pool, "explode", "bad").await, None);
+            assert_eq!(status(&pool, "explode", "bad").await.as_deref(), Some("failed"), "kept for its next attempt");
         }
 
         #[tokio::test]

@@ -75,11 +75,30 @@ pub struct Stream<'a> {
 pub enum Claimed {
     /// First time: the dedup row is now held by this transaction.
     New,
-    /// Seen before, with this payload hash.
+    /// Failed before, with the same content: this is attempt `attempt`, and the row is held by
+    /// this transaction.
+    Retry {
+        /// 2 for the first retry.
+        attempt: u32,
+    },
+    /// Seen before, with this payload hash and status.
     Seen {
         /// The hash stored when the message was first recorded.
         payload_hash: Vec<u8>,
+        /// `processed`, `stale`, `parked`, `failed` or `dead`.
+        status: String,
     },
+}
+
+/// A failed attempt, as recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// The canonical JSON encoding of the message, kept for the retry and for operators.
+    pub payload: &'a [u8],
+    /// The delivery's headers, as a JSON object.
+    pub headers: &'a str,
+    /// What went wrong.
+    pub error: &'a str,
 }
 
 /// A message parked by strict ordering, as stored.
@@ -108,10 +127,12 @@ pub struct StoredMessage {
     pub aggregate_id: Option<String>,
     /// The sequence, if any.
     pub sequence_number: Option<i64>,
-    /// `processed`, `stale`, `parked` or `dead`.
+    /// `processed`, `stale`, `parked`, `failed` or `dead`.
     pub status: String,
-    /// Why the message is dead, if it is.
+    /// The last error, for a failed or dead message.
     pub error_text: Option<String>,
+    /// How many attempts failed.
+    pub attempt_count: i32,
 }
 
 /// A database the inbox can guard messages in.
@@ -137,6 +158,21 @@ pub trait Backend: sqlx::Database {
         conn: &mut Self::Connection,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Claimed, sqlx::Error>> + Send;
+
+    /// Records a failed attempt of a claimed message, after its transaction rolled back: the row
+    /// becomes (or stays) `failed` with the payload, and its attempt count goes up. Returns the
+    /// number of failed attempts, or `None` if the row is no longer `failed` (handled meanwhile).
+    fn record_failure(
+        conn: &mut Self::Connection,
+        claim: &Claim<'_>,
+        failure: &Failure<'_>,
+    ) -> impl Future<Output = Result<Option<u32>, sqlx::Error>> + Send;
+
+    /// Marks a `failed` message dead, keeping its payload for an operator.
+    fn bury(
+        conn: &mut Self::Connection,
+        key: &MessageKey<'_>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Sets the status of a dedup row (`processed`, `stale`), dropping any parked payload.
     fn settle(
@@ -251,12 +287,30 @@ const INSERT_CLAIM: &str = "INSERT INTO inbox_messages \
     VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
     ON CONFLICT (consumer, handler, message_id) DO NOTHING";
 
-const SELECT_CLAIM: &str = "SELECT payload_hash FROM inbox_messages \
+const RETRY_CLAIM: &str = "UPDATE inbox_messages \
+    SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status = 'failed' AND payload_hash = $4 \
+    RETURNING attempt_count";
+
+const SELECT_CLAIM: &str = "SELECT payload_hash, status FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
+
+const RECORD_FAILURE: &str = "INSERT INTO inbox_messages \
+    (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, \
+     payload, headers, attempt_count, first_error, error_text) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'failed', $7, $8, $9, 1, $10, $10) \
+    ON CONFLICT (consumer, handler, message_id) DO UPDATE \
+    SET attempt_count = inbox_messages.attempt_count + 1, error_text = excluded.error_text, \
+        payload = excluded.payload, headers = excluded.headers, processed_at = NULL \
+    WHERE inbox_messages.status = 'failed' \
+    RETURNING attempt_count";
 
 const SETTLE: &str = "UPDATE inbox_messages \
     SET status = $4, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
+
+const BURY: &str = "UPDATE inbox_messages SET status = 'dead' \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status = 'failed'";
 
 const PARK: &str = "UPDATE inbox_messages \
     SET status = 'parked', payload = $4, headers = $5, processed_at = NULL \
@@ -298,11 +352,11 @@ const PARKED_RANGE: &str = "SELECT MIN(sequence_number), COUNT(*) FROM inbox_mes
 const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text = $4 \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
 
-const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text \
+const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text, attempt_count \
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
 
-const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, s.last_sequence \
+const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, s.last_sequence \
     FROM inbox_messages m, inbox_streams s WHERE 1 = 0";
 
 /// The name of the table that records which inbox migrations ran, kept apart from the
@@ -354,13 +408,54 @@ macro_rules! sql_backend {
                 if inserted == 1 {
                     return Ok(Claimed::New);
                 }
-                let payload_hash: Vec<u8> = sqlx::query_scalar(SELECT_CLAIM)
+                let failed_attempts: Option<i32> = sqlx::query_scalar(RETRY_CLAIM)
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(claim.message_id)
+                    .bind(claim.payload_hash)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(failed) = failed_attempts {
+                    return Ok(Claimed::Retry { attempt: u32::try_from(failed).unwrap_or(0) + 1 });
+                }
+                let (payload_hash, status): (Vec<u8>, String) = sqlx::query_as(SELECT_CLAIM)
                     .bind(claim.consumer)
                     .bind(claim.handler)
                     .bind(claim.message_id)
                     .fetch_one(&mut *conn)
                     .await?;
-                Ok(Claimed::Seen { payload_hash })
+                Ok(Claimed::Seen { payload_hash, status })
+            }
+
+            async fn record_failure(
+                conn: &mut Self::Connection,
+                claim: &Claim<'_>,
+                failure: &Failure<'_>,
+            ) -> Result<Option<u32>, sqlx::Error> {
+                let failed: Option<i32> = sqlx::query_scalar(RECORD_FAILURE)
+                    .bind(claim.consumer)
+                    .bind(claim.handler)
+                    .bind(claim.message_id)
+                    .bind(claim.message_type)
+                    .bind(claim.aggregate)
+                    .bind(claim.sequence)
+                    .bind(claim.payload_hash)
+                    .bind(failure.payload)
+                    .bind(failure.headers)
+                    .bind(failure.error)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                Ok(failed.map(|failed| u32::try_from(failed).unwrap_or(0)))
+            }
+
+            async fn bury(conn: &mut Self::Connection, key: &MessageKey<'_>) -> Result<(), sqlx::Error> {
+                sqlx::query(BURY)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
             }
 
             async fn settle(
@@ -550,7 +645,11 @@ sql_backend!(
     begin: |pool| pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED"),
     overdue: "< now() - make_interval(secs => $3)",
     migrations: "./migrations/postgres",
-    ddl: ["../migrations/postgres/0001_inbox.sql", "../migrations/postgres/0002_strict_ordering.sql"]
+    ddl: [
+        "../migrations/postgres/0001_inbox.sql",
+        "../migrations/postgres/0002_strict_ordering.sql",
+        "../migrations/postgres/0003_failures.sql"
+    ]
 );
 sql_backend!(
     Sqlite,
@@ -558,7 +657,11 @@ sql_backend!(
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
     overdue: "< datetime('now', '-' || $3 || ' seconds')",
     migrations: "./migrations/sqlite",
-    ddl: ["../migrations/sqlite/0001_inbox.sql", "../migrations/sqlite/0002_strict_ordering.sql"]
+    ddl: [
+        "../migrations/sqlite/0001_inbox.sql",
+        "../migrations/sqlite/0002_strict_ordering.sql",
+        "../migrations/sqlite/0003_failures.sql"
+    ]
 );
 
 /// Connection options for an embedded SQLite database as the inbox wants it: write-ahead log,

@@ -20,6 +20,7 @@ pub struct Context<'t, DB: Database> {
     handler: &'static str,
     identity: &'t Identity,
     headers: &'t BTreeMap<String, String>,
+    attempt: u32,
 }
 
 impl<'t, DB: Database> Context<'t, DB> {
@@ -29,6 +30,7 @@ impl<'t, DB: Database> Context<'t, DB> {
         handler: &'static str,
         identity: &'t Identity,
         headers: Option<&'t BTreeMap<String, String>>,
+        attempt: u32,
     ) -> Self {
         Self {
             tx,
@@ -36,6 +38,7 @@ impl<'t, DB: Database> Context<'t, DB> {
             handler,
             identity,
             headers: headers.unwrap_or(&NO_HEADERS),
+            attempt,
         }
     }
 
@@ -71,6 +74,11 @@ impl<'t, DB: Database> Context<'t, DB> {
     /// The sequence read from the message's `sequence` field, if the handler names one.
     pub fn sequence(&self) -> Option<i64> {
         self.identity.sequence()
+    }
+
+    /// Which attempt this is: 1 the first time, 2 on the first retry after a failure.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 
     /// The transport headers of the delivery (empty for `Handler::process`).

@@ -14,13 +14,19 @@ pub enum Error {
     #[error("could not apply the inbox schema: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
-    /// The handler returned an error; its writes were rolled back and the message stays retryable.
-    #[error("handler `{handler}` failed: {error}")]
+    /// The handler failed (an error or a panic); its writes were rolled back and the failure was
+    /// recorded with the message: it is retried after `retry_after`, or, with `None`, it is dead
+    /// (attempts exhausted or a permanent error) and kept for an operator.
+    #[error("handler `{handler}` failed (attempt {attempt}): {error}")]
     Handler {
         /// The handler's name (its dedup scope).
         handler: &'static str,
         /// What the handler returned.
         error: HandlerError,
+        /// Which attempt failed (1 for the first).
+        attempt: u32,
+        /// When to try again; `None` if the message is dead.
+        retry_after: Option<std::time::Duration>,
     },
 
     /// The message's key, aggregate or sequence field holds a value the inbox cannot use.
@@ -71,6 +77,7 @@ pub enum Error {
 /// ```
 pub struct HandlerError {
     inner: Box<dyn std::error::Error + Send + Sync + 'static>,
+    permanent: bool,
 }
 
 impl HandlerError {
@@ -78,7 +85,30 @@ impl HandlerError {
     pub fn msg(message: impl fmt::Display) -> Self {
         Self {
             inner: message.to_string().into(),
+            permanent: false,
         }
+    }
+
+    /// An error that no retry can fix (a rule the message breaks, say): the message is dead at
+    /// once instead of being retried.
+    ///
+    /// ```
+    /// use inbox_core::HandlerError;
+    ///
+    /// let error = HandlerError::permanent(HandlerError::msg("order 7 does not exist"));
+    /// assert!(error.is_permanent());
+    /// assert!(!HandlerError::msg("timeout").is_permanent());
+    /// ```
+    pub fn permanent(error: impl Into<HandlerError>) -> Self {
+        Self {
+            permanent: true,
+            ..error.into()
+        }
+    }
+
+    /// Whether retrying cannot help. Every other error is retried, by the retry policy.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
     }
 
     /// The underlying error.
@@ -91,6 +121,7 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
     fn from(error: E) -> Self {
         Self {
             inner: Box::new(error),
+            permanent: false,
         }
     }
 }

@@ -11,13 +11,14 @@ use futures::FutureExt;
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
-use crate::backend::{Backend, Claim, Claimed, MessageKey, Stream};
+use crate::backend::{Backend, Claim, Claimed, Failure, MessageKey, Stream};
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
 use crate::handler::{Handler, Headers, Ordering};
 use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
+use crate::retry::RetryPolicy;
 
 /// What guarding one message did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,9 @@ pub struct Guarded {
 /// 2. if the handler names an aggregate, lock its stream row; with a sequence, skip the message as
 ///    `Stale` unless it is newer than the last applied one, and under strict ordering park it if it
 ///    is ahead of the next one;
-/// 3. run the handler; an error rolls everything back and leaves the message retryable;
+/// 3. run the handler; an error or a panic rolls everything back, and the failure is recorded in a
+///    transaction of its own (attempt count, error, payload): the message is retried after the
+///    policy's delay, or dead once attempts are exhausted or the error is permanent;
 /// 4. commit.
 ///
 /// Then, under strict ordering, release the parked successors that can now apply, in order.
@@ -48,8 +51,15 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     message: H::Message,
     identity: &Identity,
     headers: Option<&Headers>,
+    retry: &RetryPolicy,
 ) -> Result<Guarded, Error> {
-    let outcome = guard(pool, consumer, handler, message, identity, headers).await?;
+    let delivery = Delivery {
+        consumer,
+        identity,
+        headers,
+        retry,
+    };
+    let outcome = guard(pool, handler, message, &delivery).await?;
     let released = match (handler.ordering(), identity.aggregate()) {
         (Ordering::Strict { .. }, Some(aggregate)) => {
             release_logged(pool, consumer, handler, aggregate).await
@@ -59,14 +69,21 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     Ok(Guarded { outcome, released })
 }
 
+/// What the guard knows about one delivery besides the message.
+struct Delivery<'a> {
+    consumer: &'a str,
+    identity: &'a Identity,
+    headers: Option<&'a Headers>,
+    retry: &'a RetryPolicy,
+}
+
 async fn guard<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
-    consumer: &str,
     handler: &H,
     message: H::Message,
-    identity: &Identity,
-    headers: Option<&Headers>,
+    delivery: &Delivery<'_>,
 ) -> Result<Outcome, Error> {
+    let (consumer, identity) = (delivery.consumer, delivery.identity);
     if let (Ordering::Strict { .. }, Some(sequence @ ..=0)) =
         (handler.ordering(), identity.sequence())
     {
@@ -88,38 +105,113 @@ async fn guard<DB: Backend, H: Handler<DB>>(
         sequence: identity.sequence(),
         payload_hash: &payload_hash,
     };
+    let headers = headers_json(delivery.headers)?;
     let mut tx = DB::begin(pool).await?;
-    if let Claimed::Seen { payload_hash } = DB::claim(&mut tx, &claim).await? {
-        tx.rollback().await?;
-        let outcome = seen_outcome(&payload_hash, claim.payload_hash);
-        if outcome == Outcome::Conflict {
-            tracing::warn!(
-                consumer,
-                handler = claim.handler,
-                message_id = claim.message_id,
-                "conflict: a message with this id was handled before with different content; not applied"
-            );
+    let attempt = match DB::claim(&mut tx, &claim).await? {
+        Claimed::New => 1,
+        Claimed::Retry { attempt } => attempt,
+        Claimed::Seen {
+            payload_hash,
+            status,
+        } => {
+            tx.rollback().await?;
+            return Ok(seen_outcome(&claim, &payload_hash, &status));
         }
-        return Ok(outcome);
-    }
+    };
     let outcome = match position(&mut tx, &claim, handler.ordering()).await? {
         Position::Stale => {
             DB::settle(&mut tx, &claim.key(), "stale").await?;
             Outcome::Stale
         }
         Position::Ahead => {
-            let headers = serde_json::to_string(&headers.cloned().unwrap_or_default())
-                .map_err(|e| Error::Encode(e.to_string()))?;
             DB::park(&mut tx, &claim.key(), &encoded, &headers).await?;
             Outcome::Parked
         }
         Position::Next => {
-            tx = run_handler(tx, consumer, handler, identity, headers, message).await?;
+            let run = run_handler(
+                tx,
+                consumer,
+                handler,
+                identity,
+                delivery.headers,
+                attempt,
+                message,
+            );
+            match run.await {
+                Ok(done) => tx = done,
+                Err(error) => {
+                    let failure = Failure {
+                        payload: &encoded,
+                        headers: &headers,
+                        error: &error.to_string(),
+                    };
+                    let recorded = record_failure(
+                        pool,
+                        handler.name(),
+                        &claim,
+                        &failure,
+                        error,
+                        delivery.retry,
+                    );
+                    return Err(recorded.await);
+                }
+            }
             Outcome::Processed
         }
     };
     tx.commit().await?;
     Ok(outcome)
+}
+
+fn headers_json(headers: Option<&Headers>) -> Result<String, Error> {
+    serde_json::to_string(&headers.cloned().unwrap_or_default())
+        .map_err(|e| Error::Encode(e.to_string()))
+}
+
+/// Records a failed attempt in a transaction of its own, after the attempt's rolled back, and
+/// decides what comes next. If the failure cannot be recorded, the database error is returned
+/// instead, so that the delivery is not acknowledged.
+async fn record_failure<DB: Backend>(
+    pool: &Pool<DB>,
+    handler: &'static str,
+    claim: &Claim<'_>,
+    failure: &Failure<'_>,
+    error: HandlerError,
+    retry: &RetryPolicy,
+) -> Error {
+    let recorded = async {
+        let mut tx = DB::begin(pool).await?;
+        let Some(failed) = DB::record_failure(&mut tx, claim, failure).await? else {
+            tx.rollback().await?;
+            return Ok((0, Some(Duration::ZERO)));
+        };
+        let retry_after = match error.is_permanent() {
+            true => None,
+            false => retry.delay_after(failed),
+        };
+        if retry_after.is_none() {
+            DB::bury(&mut tx, &claim.key()).await?;
+        }
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>((failed, retry_after))
+    };
+    match recorded.await {
+        Ok((attempt, retry_after)) => {
+            if retry_after.is_none() {
+                tracing::warn!(handler = claim.handler, message_id = claim.message_id, attempt, %error, "message is dead");
+            }
+            Error::Handler {
+                handler,
+                error,
+                attempt,
+                retry_after,
+            }
+        }
+        Err(database) => {
+            tracing::error!(handler = claim.handler, message_id = claim.message_id, %error, %database, "could not record a failure; the delivery stays unacknowledged");
+            Error::Database(database)
+        }
+    }
 }
 
 /// Where a claimed message stands in its aggregate's stream.
@@ -164,17 +256,17 @@ async fn position<DB: Backend>(
     })
 }
 
-/// Runs the handler inside `tx`; on error, a panic included, rolls back and says which handler
-/// failed.
+/// Runs the handler inside `tx`; on error, a panic included, rolls back and returns the error.
 async fn run_handler<DB: Backend, H: Handler<DB>>(
     tx: Transaction<'static, DB>,
     consumer: &str,
     handler: &H,
     identity: &Identity,
     headers: Option<&Headers>,
+    attempt: u32,
     message: H::Message,
-) -> Result<Transaction<'static, DB>, Error> {
-    let mut ctx = Context::new(tx, consumer, handler.name(), identity, headers);
+) -> Result<Transaction<'static, DB>, HandlerError> {
+    let mut ctx = Context::new(tx, consumer, handler.name(), identity, headers, attempt);
     let handled = AssertUnwindSafe(handler.handle(&mut ctx, message))
         .catch_unwind()
         .await
@@ -186,10 +278,7 @@ async fn run_handler<DB: Backend, H: Handler<DB>>(
             if let Err(rollback) = tx.rollback().await {
                 tracing::warn!(%rollback, "rollback after a handler error failed");
             }
-            Err(Error::Handler {
-                handler: handler.name(),
-                error,
-            })
+            Err(error)
         }
     }
 }
@@ -204,11 +293,21 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     format!("handler panicked: {text}")
 }
 
-fn seen_outcome(stored_hash: &[u8], delivered_hash: &[u8]) -> Outcome {
-    if stored_hash == delivered_hash {
-        Outcome::Duplicate
-    } else {
-        Outcome::Conflict
+/// The outcome of a message seen before: a `Conflict` if its content differs (logged, never
+/// applied), `Dead` if it was given up on, else a `Duplicate`.
+fn seen_outcome(claim: &Claim<'_>, stored_hash: &[u8], status: &str) -> Outcome {
+    if stored_hash != claim.payload_hash {
+        tracing::warn!(
+            consumer = claim.consumer,
+            handler = claim.handler,
+            message_id = claim.message_id,
+            "conflict: a message with this id was seen before with different content; not applied"
+        );
+        return Outcome::Conflict;
+    }
+    match status {
+        "dead" => Outcome::Dead,
+        _ => Outcome::Duplicate,
     }
 }
 
@@ -305,7 +404,13 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
     };
     let identity = handler.identity(&message)?;
     DB::set_stream(&mut tx, &stream, parked.sequence_number).await?;
-    let mut tx = run_handler(tx, consumer, handler, &identity, Some(&headers), message).await?;
+    let run = run_handler(tx, consumer, handler, &identity, Some(&headers), 1, message);
+    let mut tx = run.await.map_err(|error| Error::Handler {
+        handler: handler.name(),
+        error,
+        attempt: 1,
+        retry_after: Some(Duration::ZERO),
+    })?;
     DB::settle(&mut tx, &key, "processed").await?;
     tx.commit().await?;
     Ok(Some(Outcome::Released))

@@ -12,6 +12,7 @@ use crate::error::{Error, HandlerError};
 use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
+use crate::retry::RetryPolicy;
 
 /// How long a parked message waits for its missing predecessor before it is marked dead, unless
 /// the handler sets `gap_timeout`.
@@ -78,9 +79,16 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     {
         Box::pin(async move {
             let identity = self.identity(&message)?;
-            let guarded =
-                crate::guard::process(pool, DEFAULT_CONSUMER, self, message, &identity, None)
-                    .await?;
+            let guarded = crate::guard::process(
+                pool,
+                DEFAULT_CONSUMER,
+                self,
+                message,
+                &identity,
+                None,
+                &RetryPolicy::default(),
+            )
+            .await?;
             Ok(guarded.outcome)
         })
     }

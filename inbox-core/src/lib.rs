@@ -12,10 +12,11 @@ mod handler;
 mod identity;
 mod message;
 mod outcome;
+mod retry;
 
 pub use backend::{
-    Backend, Claim, Claimed, MIGRATIONS_TABLE, MessageKey, ParkedMessage, StoredMessage, Stream,
-    sqlite_options,
+    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, StoredMessage,
+    Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
@@ -27,6 +28,7 @@ pub use handler::{
 pub use identity::{Identity, MAX_ID_LEN};
 pub use message::{Identifier, Message, SequenceNumber};
 pub use outcome::Outcome;
+pub use retry::RetryPolicy;
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in
 /// their own table, [`MIGRATIONS_TABLE`], apart from the application's).

@@ -21,17 +21,24 @@ pub enum Outcome {
     Parked,
     /// Strict ordering: a parked message applied once its predecessor had.
     Released,
+    /// The handler failed; the failure is recorded and the message will be tried again.
+    Retrying,
+    /// The message was given up on (attempts exhausted, or a permanent error) and is kept, with
+    /// its payload and errors, for an operator. A redelivery of it is `Dead` too: nothing runs.
+    Dead,
 }
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Processed,
         Outcome::Duplicate,
         Outcome::Stale,
         Outcome::Conflict,
         Outcome::Parked,
         Outcome::Released,
+        Outcome::Retrying,
+        Outcome::Dead,
     ];
 
     /// A stable lower-case name, for logs and metrics labels.
@@ -43,6 +50,8 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Parked => "parked",
             Outcome::Released => "released",
+            Outcome::Retrying => "retrying",
+            Outcome::Dead => "dead",
         }
     }
 }

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use inbox_core::{Backend, DEFAULT_CONSUMER, Handler};
+use std::collections::HashMap;
+
+use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, RetryPolicy};
 use sqlx::Pool;
 
 use crate::inbox::Inbox;
@@ -14,6 +16,7 @@ pub struct InboxBuilder<DB: Backend> {
     pool: Pool<DB>,
     consumer: String,
     workers: usize,
+    retry: Retry,
     routes: Vec<Arc<dyn Route<DB>>>,
 }
 
@@ -23,6 +26,7 @@ impl<DB: Backend> InboxBuilder<DB> {
             pool,
             consumer: DEFAULT_CONSUMER.to_owned(),
             workers: DB::DEFAULT_WORKERS,
+            retry: Retry::default(),
             routes: Vec::new(),
         }
     }
@@ -42,6 +46,18 @@ impl<DB: Backend> InboxBuilder<DB> {
         self
     }
 
+    /// The retry policy of every handler without one of its own (default: [`RetryPolicy::default`]).
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry.default = policy;
+        self
+    }
+
+    /// The retry policy of the handler named `handler`.
+    pub fn retry_for(mut self, handler: &'static str, policy: RetryPolicy) -> Self {
+        self.retry.per_handler.insert(handler, policy);
+        self
+    }
+
     /// Registers a handler for its message type. Several handlers may take one type; each is
     /// called, with its own dedup scope.
     pub fn handler<H: Handler<DB>>(mut self, handler: H) -> Self {
@@ -58,6 +74,25 @@ impl<DB: Backend> InboxBuilder<DB> {
         DB::check_schema(&self.pool)
             .await
             .map_err(BuildError::Schema)?;
-        Ok(Inbox::new(self.pool, self.consumer, self.workers, registry))
+        Ok(Inbox::new(
+            self.pool,
+            self.consumer,
+            self.workers,
+            self.retry,
+            registry,
+        ))
+    }
+}
+
+/// The retry policies of an inbox: one for all handlers, and overrides by handler name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Retry {
+    default: RetryPolicy,
+    per_handler: HashMap<&'static str, RetryPolicy>,
+}
+
+impl Retry {
+    pub(crate) fn of(&self, handler: &str) -> &RetryPolicy {
+        self.per_handler.get(handler).unwrap_or(&self.default)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use inbox_core::{Backend, Envelope, Error, ExpiredGap, Outcome, StoredMessage};
 use sqlx::Pool;
 
-use crate::builder::InboxBuilder;
+use crate::builder::{InboxBuilder, Retry};
 use crate::registry::Registry;
 use crate::route::{Handled, Job};
 use crate::source::{Delivery, Source, SourceError};
@@ -32,6 +32,7 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) pool: Pool<DB>,
     pub(crate) consumer: String,
     pub(crate) workers: usize,
+    retry: Retry,
     pub(crate) registry: Registry<DB>,
 }
 
@@ -102,12 +103,14 @@ impl<DB: Backend> Inbox<DB> {
         pool: Pool<DB>,
         consumer: String,
         workers: usize,
+        retry: Retry,
         registry: Registry<DB>,
     ) -> Self {
         let shared = Shared {
             pool,
             consumer,
             workers,
+            retry,
             registry,
         };
         Self {
@@ -122,11 +125,16 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Decodes `envelope` and runs every handler of its type, each guarded in its own transaction.
     ///
-    /// Every handler runs even if another fails; the first failure is returned, and redelivering
-    /// the envelope retries the failed handlers while the others report [`Outcome::Duplicate`].
+    /// Every handler runs even if another fails; the first failure is returned (a handler failure
+    /// is recorded, see [`Error::Handler`]), and redelivering the envelope retries the failed
+    /// handlers while the others report [`Outcome::Duplicate`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
         let jobs = self.shared.registry.prepare(envelope)?;
-        self.shared.execute(jobs, envelope).await
+        self.shared
+            .execute(jobs, envelope)
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// Releases, for every strict handler, the parked messages whose predecessor has applied: what
@@ -215,27 +223,20 @@ impl<DB: Backend> Shared<DB> {
         self.registry.prepare(delivery.envelope())
     }
 
+    /// Runs each job, every one even if another fails, and returns each result.
     pub(crate) async fn execute(
         &self,
         jobs: Vec<Box<dyn Job<DB>>>,
         envelope: &Envelope,
-    ) -> Result<Vec<Handled>, Error> {
-        let mut handled = Vec::with_capacity(jobs.len());
-        let mut first_error = None;
+    ) -> Vec<Result<Handled, Error>> {
+        let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
-            match job
-                .run(&self.pool, &self.consumer, envelope.headers())
-                .await
-            {
-                Ok(done) => handled.push(done),
-                Err(error) => {
-                    first_error.get_or_insert(error);
-                }
-            }
+            let retry = self.retry.of(job.handler());
+            results.push(
+                job.run(&self.pool, &self.consumer, envelope.headers(), retry)
+                    .await,
+            );
         }
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(handled),
-        }
+        results
     }
 }

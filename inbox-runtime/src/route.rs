@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use inbox_core::{Backend, Envelope, Error, Handler, Headers, Identity, Ordering, Outcome};
+use inbox_core::{
+    Backend, Envelope, Error, Handler, Headers, Identity, Ordering, Outcome, RetryPolicy,
+};
 use sqlx::Pool;
 
 /// The outcome of one handler for one delivery.
@@ -48,7 +50,9 @@ pub(crate) trait Job<DB: Backend>: Send {
         pool: &'a Pool<DB>,
         consumer: &'a str,
         headers: &'a Headers,
+        retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Handled, Error>>;
+    fn handler(&self) -> &'static str;
 }
 
 pub(crate) struct HandlerRoute<H>(pub Arc<H>);
@@ -105,11 +109,16 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
         self.identity.aggregate()
     }
 
+    fn handler(&self) -> &'static str {
+        self.handler.name()
+    }
+
     fn run<'a>(
         self: Box<Self>,
         pool: &'a Pool<DB>,
         consumer: &'a str,
         headers: &'a Headers,
+        retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
             let handler = &*self.handler;
@@ -120,6 +129,7 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
                 self.message,
                 &self.identity,
                 Some(headers),
+                retry,
             )
             .await?;
             Ok(Handled {

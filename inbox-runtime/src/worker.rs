@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use inbox_core::{Backend, Outcome};
+use inbox_core::{Backend, Error, Outcome};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::inbox::{RunError, RunReport, Shared};
-use crate::route::Job;
+use crate::route::{Handled, Job};
 use crate::source::{Delivery, Source};
 
 /// Deliveries queued per worker before the router waits: bounds the work pulled but not done.
@@ -125,7 +125,7 @@ async fn route<DB: Backend, S: Source>(
 
 /// Hands a pulled delivery back to the broker unhandled, at shutdown.
 async fn settle_unhandled(delivery: Delivery) {
-    if let Err(error) = delivery.nack().await {
+    if let Err(error) = delivery.nack(Duration::ZERO).await {
         tracing::warn!(%error, "could not hand a delivery back at shutdown; the broker will redeliver it");
     }
 }
@@ -134,7 +134,7 @@ async fn settle_unhandled(delivery: Delivery) {
 async fn refuse(delivery: Delivery, error: inbox_core::Error) -> RunError {
     let id = delivery.envelope().id().to_owned();
     let message_type = delivery.envelope().message_type().to_owned();
-    if let Err(nack) = delivery.nack().await {
+    if let Err(nack) = delivery.nack(Duration::ZERO).await {
         tracing::warn!(%id, %nack, "could not hand a refused delivery back to the broker");
     }
     RunError::Refused {
@@ -173,25 +173,65 @@ async fn handle_all<DB: Backend>(
 ) -> RunReport {
     let mut report = RunReport::default();
     while let Some(Work { delivery, jobs }) = work.recv().await {
-        match shared.execute(jobs, delivery.envelope()).await {
-            Ok(handled) => {
-                for done in handled {
-                    report.add(done.outcome, 1);
-                    report.add(Outcome::Released, u64::from(done.released));
-                }
+        let results = shared.execute(jobs, delivery.envelope()).await;
+        let settlement = settle(&results, &mut report);
+        let settled = match settlement {
+            Settlement::Ack => {
                 report.acked += 1;
-                if let Err(error) = delivery.ack().await {
-                    tracing::warn!(%error, "ack failed; the broker will redeliver and the inbox will see a duplicate");
-                }
+                delivery.ack().await
             }
-            Err(error) => {
-                tracing::warn!(id = delivery.envelope().id(), %error, "handling failed; handing the delivery back");
+            Settlement::Retry(delay) => {
                 report.failed += 1;
-                if let Err(error) = delivery.nack().await {
-                    tracing::warn!(%error, "nack failed; the broker will redeliver after its timeout");
-                }
+                delivery.nack(delay).await
             }
+        };
+        if let Err(error) = settled {
+            tracing::warn!(%error, "settling a delivery failed; the broker will redeliver it");
         }
     }
     report
+}
+
+/// What to tell the broker about a delivery.
+#[derive(Debug, PartialEq)]
+enum Settlement {
+    /// Every handler is done with it: processed (or skipped), or dead and kept.
+    Ack,
+    /// Deliver it again after this delay.
+    Retry(Duration),
+}
+
+/// Counts the outcomes of one delivery's handlers and decides its settlement: acknowledged only
+/// when each handler's result is durable (committed, or recorded dead); else handed back after the
+/// shortest retry delay, at once if a failure could not even be recorded.
+fn settle(results: &[Result<Handled, Error>], report: &mut RunReport) -> Settlement {
+    let mut retry: Option<Duration> = None;
+    for result in results {
+        let delay = match result {
+            Ok(done) => {
+                report.add(done.outcome, 1);
+                report.add(Outcome::Released, u64::from(done.released));
+                continue;
+            }
+            Err(Error::Handler {
+                retry_after: None, ..
+            }) => {
+                report.add(Outcome::Dead, 1);
+                continue;
+            }
+            Err(Error::Handler {
+                retry_after: Some(delay),
+                ..
+            }) => {
+                report.add(Outcome::Retrying, 1);
+                *delay
+            }
+            Err(error) => {
+                tracing::warn!(%error, "handling failed before the failure could be recorded; handing the delivery back");
+                Duration::ZERO
+            }
+        };
+        retry = Some(retry.map_or(delay, |shortest| shortest.min(delay)));
+    }
+    retry.map_or(Settlement::Ack, Settlement::Retry)
 }

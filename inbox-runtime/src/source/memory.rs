@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use inbox_core::Envelope;
@@ -45,6 +46,7 @@ impl Shared {
 /// published has been acknowledged.
 ///
 /// ```
+/// # use std::time::Duration;
 /// # use inbox_runtime::{MemoryBroker, Source};
 /// # use inbox_core::Envelope;
 /// # #[tokio::main(flavor = "current_thread")]
@@ -55,7 +57,7 @@ impl Shared {
 ///
 /// let mut source = broker.source();
 /// let delivery = source.next().await.unwrap().unwrap();
-/// delivery.nack().await.unwrap();                       // handed back: delivered again
+/// delivery.nack(Duration::ZERO).await.unwrap();         // handed back: delivered again
 /// let again = source.next().await.unwrap().unwrap();
 /// assert_eq!(again.attempt(), 2);
 /// again.ack().await.unwrap();
@@ -154,29 +156,40 @@ struct MemoryAck {
 }
 
 impl MemoryAck {
-    fn settle(&mut self, ack: bool) {
-        let redelivery = self.redelivery.take();
-        self.shared.update(|state| {
+    /// Queues the message again, now: it stays unsettled until then.
+    fn requeue(shared: &Shared, message: (Envelope, u32)) {
+        shared.update(|state| {
             state.unsettled -= 1;
-            match redelivery {
-                Some(message) if !ack => {
-                    state.redelivered += 1;
-                    state.ready.push_back(message);
-                }
-                _ => state.acked += 1,
-            }
+            state.redelivered += 1;
+            state.ready.push_back(message);
         });
     }
 }
 
 impl Acknowledge for MemoryAck {
     fn ack(mut self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
-        self.settle(true);
+        if self.redelivery.take().is_some() {
+            self.shared.update(|state| {
+                state.unsettled -= 1;
+                state.acked += 1;
+            });
+        }
         Box::pin(async { Ok(()) })
     }
 
-    fn nack(mut self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
-        self.settle(false);
+    /// Queues the message again after `delay` (a timer task; until then it counts as in flight).
+    fn nack(mut self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>> {
+        if let Some(message) = self.redelivery.take() {
+            let shared = Arc::clone(&self.shared);
+            if delay.is_zero() {
+                Self::requeue(&shared, message);
+            } else {
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    Self::requeue(&shared, message);
+                });
+            }
+        }
         Box::pin(async { Ok(()) })
     }
 }
@@ -184,11 +197,7 @@ impl Acknowledge for MemoryAck {
 impl Drop for MemoryAck {
     fn drop(&mut self) {
         if let Some(message) = self.redelivery.take() {
-            self.shared.update(|state| {
-                state.unsettled -= 1;
-                state.redelivered += 1;
-                state.ready.push_back(message);
-            });
+            Self::requeue(&self.shared, message);
         }
     }
 }

@@ -4,6 +4,7 @@
 mod memory;
 
 use std::future::Future;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use inbox_core::Envelope;
@@ -23,8 +24,9 @@ pub trait Source: Send + 'static {
 pub trait Acknowledge: Send + 'static {
     /// The delivery was handled and committed: the broker may forget it.
     fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>>;
-    /// The delivery was not handled: the broker should deliver it again.
-    fn nack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>>;
+    /// The delivery was not handled: the broker should deliver it again, not before `delay` where
+    /// it can (brokers without delayed redelivery redeliver when they redeliver).
+    fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>>;
 }
 
 /// One message handed over by a source, with the means to settle it.
@@ -59,9 +61,9 @@ impl Delivery {
         self.acker.ack().await
     }
 
-    /// Hands the delivery back for redelivery.
-    pub async fn nack(self) -> Result<(), SourceError> {
-        self.acker.nack().await
+    /// Hands the delivery back for redelivery, not before `delay`.
+    pub async fn nack(self, delay: Duration) -> Result<(), SourceError> {
+        self.acker.nack(delay).await
     }
 }
 

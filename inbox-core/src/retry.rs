@@ -1,0 +1,76 @@
+//! When a failed message is tried again, and when the inbox gives up on it.
+
+use std::time::Duration;
+
+/// Exponential backoff with jitter and an attempt limit.
+///
+/// ```
+/// use std::time::Duration;
+/// use inbox_core::RetryPolicy;
+///
+/// let policy = RetryPolicy::new(3).backoff(Duration::from_millis(100), Duration::from_secs(1)).jitter(0.0);
+/// assert_eq!(policy.delay_after(1), Some(Duration::from_millis(100)));
+/// assert_eq!(policy.delay_after(2), Some(Duration::from_millis(200)));
+/// assert_eq!(policy.delay_after(3), None, "the third failure is the last");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    initial_delay: Duration,
+    max_delay: Duration,
+    jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    /// Five attempts, waiting 1 s, 2 s, 4 s, 8 s between them (±20%).
+    fn default() -> Self {
+        Self::new(5)
+    }
+}
+
+impl RetryPolicy {
+    /// At most `max_attempts` attempts in all (at least 1), 1 s before the first retry, doubling
+    /// up to 5 minutes, ±20% jitter.
+    pub fn new(max_attempts: u32) -> Self {
+        Self {
+            max_attempts: max_attempts.max(1),
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+            jitter: 0.2,
+        }
+    }
+
+    /// The delay before the first retry, doubling after each failure up to `max`.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_delay = initial;
+        self.max_delay = max.max(initial);
+        self
+    }
+
+    /// How much each delay varies at random, as a fraction (0.2: ±20%), so that messages that
+    /// failed together do not all come back at once.
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction.clamp(0.0, 1.0);
+        self
+    }
+
+    /// The most attempts a message gets.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// How long to wait after the `failed_attempts`-th failure, or `None` if that was the last
+    /// attempt and the message is dead.
+    pub fn delay_after(&self, failed_attempts: u32) -> Option<Duration> {
+        if failed_attempts >= self.max_attempts {
+            return None;
+        }
+        let doublings = failed_attempts.saturating_sub(1).min(31);
+        let delay = self
+            .initial_delay
+            .saturating_mul(1 << doublings)
+            .min(self.max_delay);
+        let spread = 1.0 + self.jitter * (2.0 * fastrand::f64() - 1.0);
+        Some(delay.mul_f64(spread))
+    }
+}
