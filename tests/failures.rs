@@ -1,0 +1,195 @@
+//! Failures on real databases: retries with backoff, dead letters after the last attempt or a
+//! permanent error, the attempt number in `Context`, and a failure that cannot be recorded.
+
+mod common;
+
+macro_rules! failures_suite {
+    ($db:ty, $conn:ty, $connect:path) => {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::Duration;
+
+        use inbox::prelude::*;
+        use inbox::{Error, MemoryBroker, RetryPolicy};
+        use tokio::sync::Notify;
+
+        /// A job whose `kind` says how its handler behaves.
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "test.job")]
+        struct Job {
+            id: String,
+            kind: String,
+        }
+
+        fn job(id: &str, kind: &str) -> Job {
+            Job { id: id.into(), kind: kind.into() }
+        }
+
+        /// Lets the "gated" job through once the test has closed the pool.
+        static GATE: Notify = Notify::const_new();
+        static AT_GATE: AtomicBool = AtomicBool::new(false);
+
+        /// `poison` always fails, `flaky` fails on its first two attempts, `invalid` fails
+        /// permanently, `gated` fails after the test closes the pool; every job that succeeds
+        /// records its attempt and the poison's status at that moment.
+        #[inbox_handler(key = "id", name = "jobs")]
+        async fn run_job(ctx: &mut Context<'_, $db>, job: Job) -> Result<(), HandlerError> {
+            match job.kind.as_str() {
+                "poison" => return Err(HandlerError::msg("poison never works")),
+                "flaky" if ctx.attempt() < 3 => return Err(HandlerError::msg(format!("flaky, attempt {}", ctx.attempt()))),
+                "invalid" => return Err(HandlerError::permanent(HandlerError::msg("invalid job"))),
+                "gated" => {
+                    AT_GATE.store(true, Ordering::SeqCst);
+                    GATE.notified().await;
+                    return Err(HandlerError::msg("gated job failed"));
+                }
+                _ => {}
+            }
+            sqlx::query("INSERT INTO done (id, attempt, poison) VALUES ($1, $2, (SELECT status FROM inbox_messages WHERE message_id = 'poison'))")
+                .bind(job.id)
+                .bind(i64::from(ctx.attempt()))
+                .execute(&mut **ctx)
+                .await?;
+            Ok(())
+        }
+
+        type Pool = sqlx::Pool<$db>;
+
+        async fn database(test: &str) -> Option<Pool> {
+            let pool = $connect(test).await?;
+            sqlx::query("CREATE TABLE done (id TEXT NOT NULL, attempt BIGINT NOT NULL, poison TEXT)")
+                .execute(&pool)
+                .await
+                .unwrap();
+            Some(pool)
+        }
+
+        fn quick(max_attempts: u32) -> RetryPolicy {
+            RetryPolicy::new(max_attempts).backoff(Duration::from_millis(5), Duration::from_millis(20))
+        }
+
+        async fn inbox(pool: &Pool, retry: RetryPolicy) -> Inbox<$db> {
+            Inbox::builder(pool.clone()).retry(retry).handler(run_job).build().await.unwrap()
+        }
+
+        async fn row(pool: &Pool, id: &str) -> Option<(String, i32, Option<String>, Option<String>)> {
+            sqlx::query_as("SELECT status, attempt_count, first_error, error_text FROM inbox_messages WHERE message_id = $1")
+                .bind(id.to_owned())
+                .fetch_optional(pool)
+                .await
+                .unwrap()
+        }
+
+        async fn done(pool: &Pool) -> Vec<(String, i64, Option<String>)> {
+            sqlx::query_as("SELECT id, attempt, poison FROM done ORDER BY id").fetch_all(pool).await.unwrap()
+        }
+
+        fn envelope(job: &Job) -> Envelope {
+            Envelope::encode(format!("delivery-{}", job.id), job).unwrap()
+        }
+
+        async fn eventually(what: &str, done: impl Fn() -> bool) {
+            for _ in 0..2_000 {
+                if done() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("timed out waiting until {what}");
+        }
+
+        #[tokio::test]
+        async fn a_handler_failing_twice_succeeds_on_its_third_attempt() {
+            let Some(pool) = database("flaky").await else { return };
+            let inbox = inbox(&pool, quick(5)).await;
+            let flaky = envelope(&job("flaky", "flaky"));
+
+            for attempt in [1, 2] {
+                let error = inbox.dispatch(&flaky).await.unwrap_err();
+                assert!(matches!(error, Error::Handler { attempt: a, retry_after: Some(_), .. } if a == attempt), "{error}");
+            }
+            assert_eq!(row(&pool, "flaky").await, Some(("failed".into(), 2, Some("flaky, attempt 1".into()), Some("flaky, attempt 2".into()))));
+            let handled = inbox.dispatch(&flaky).await.unwrap();
+
+            assert_eq!(handled[0].outcome, Outcome::Processed);
+            assert_eq!(done(&pool).await, [("flaky".into(), 3, None)], "applied once, on attempt 3");
+            assert_eq!(row(&pool, "flaky").await.unwrap().0, "processed");
+            assert_eq!(inbox.dispatch(&flaky).await.unwrap()[0].outcome, Outcome::Duplicate);
+        }
+
+        #[tokio::test]
+        async fn a_poison_message_dies_after_its_last_attempt_while_others_flow() {
+            let Some(pool) = database("poison").await else { return };
+            let inbox = inbox(&pool, quick(4)).await;
+            let broker = MemoryBroker::new();
+            broker.publish(envelope(&job("poison", "poison")));
+            for i in 0..40 {
+                broker.publish(envelope(&job(&format!("good-{i:02}"), "good")));
+            }
+            broker.close();
+
+            let run = inbox.run(broker.source());
+            let report = tokio::time::timeout(Duration::from_secs(60), run)
+                .await
+                .expect("the poison message dies, so the run ends")
+                .unwrap();
+
+            let (status, attempts, first, last) = row(&pool, "poison").await.unwrap();
+            assert_eq!((status.as_str(), attempts), ("dead", 4), "dead after exactly max_attempts");
+            assert_eq!((first.as_deref(), last.as_deref()), (Some("poison never works"), Some("poison never works")));
+            assert_eq!(report.count(Outcome::Retrying), 3, "{report:?}");
+            assert_eq!(report.count(Outcome::Dead), 1, "{report:?}");
+            assert_eq!(report.count(Outcome::Processed), 40, "{report:?}");
+            assert_eq!(broker.acked(), 41, "a dead message is kept, so its delivery is acknowledged");
+            let during_retries = done(&pool).await.iter().filter(|(_, _, poison)| poison.as_deref() == Some("failed")).count();
+            assert!(during_retries > 0, "other messages were handled while the poison one waited for its retries");
+            let dead = inbox.dead().await.unwrap();
+            assert_eq!((dead.len(), dead[0].attempt_count), (1, 4));
+        }
+
+        #[tokio::test]
+        async fn a_permanent_error_is_dead_on_its_first_attempt() {
+            let Some(pool) = database("permanent").await else { return };
+            let inbox = inbox(&pool, quick(5)).await;
+            let invalid = envelope(&job("invalid", "invalid"));
+
+            let error = inbox.dispatch(&invalid).await.unwrap_err();
+
+            assert!(matches!(error, Error::Handler { attempt: 1, retry_after: None, .. }), "{error}");
+            assert_eq!(row(&pool, "invalid").await.unwrap().0, "dead");
+            assert_eq!(inbox.dispatch(&invalid).await.unwrap()[0].outcome, Outcome::Dead, "a redelivery runs nothing");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failure_that_cannot_be_recorded_is_not_acknowledged() {
+            let Some(pool) = database("unrecordable").await else { return };
+            let inbox = inbox(&pool, quick(5)).await;
+            let broker = MemoryBroker::new();
+            broker.publish(envelope(&job("gated", "gated")));
+            let stop = {
+                let broker = broker.clone();
+                let pool = pool.clone();
+                async move {
+                    eventually("the handler is running", || AT_GATE.load(Ordering::SeqCst)).await;
+                    let closing = pool.clone();
+                    tokio::spawn(async move { closing.close().await });
+                    eventually("the pool refuses new connections", || pool.is_closed()).await;
+                    GATE.notify_one();
+                    eventually("the delivery was handed back", || broker.redelivered() >= 1).await;
+                }
+            };
+
+            let report = inbox.run_until(broker.source(), stop).await.unwrap();
+
+            assert_eq!(broker.acked(), 0, "{report:?}");
+            assert!(report.failed >= 1, "{report:?}");
+        }
+    };
+}
+
+mod sqlite {
+    failures_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+}
+
+mod postgres {
+    failures_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+}
