@@ -52,6 +52,17 @@ macro_rules! failures_suite {
             Ok(())
         }
 
+        /// The same handler after a fix: the poison job works now.
+        #[inbox_handler(key = "id", name = "jobs")]
+        async fn run_job_fixed(ctx: &mut Context<'_, $db>, job: Job) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO done (id, attempt) VALUES ($1, $2)")
+                .bind(job.id)
+                .bind(i64::from(ctx.attempt()))
+                .execute(&mut **ctx)
+                .await?;
+            Ok(())
+        }
+
         type Pool = sqlx::Pool<$db>;
 
         async fn database(test: &str) -> Option<Pool> {
@@ -157,6 +168,51 @@ macro_rules! failures_suite {
             assert!(matches!(error, Error::Handler { attempt: 1, retry_after: None, .. }), "{error}");
             assert_eq!(row(&pool, "invalid").await.unwrap().0, "dead");
             assert_eq!(inbox.dispatch(&invalid).await.unwrap()[0].outcome, Outcome::Dead, "a redelivery runs nothing");
+        }
+
+        #[tokio::test]
+        async fn a_dead_message_replayed_after_a_fix_is_processed_once() {
+            let Some(pool) = database("replay").await else { return };
+            let broken = inbox(&pool, quick(2)).await;
+            let poison = envelope(&job("poison", "poison"));
+            broken.dispatch(&poison).await.unwrap_err();
+            broken.dispatch(&poison).await.unwrap_err();
+            assert_eq!(broken.dead().await.unwrap().len(), 1);
+            let fixed = Inbox::builder(pool.clone()).handler(run_job_fixed).build().await.unwrap();
+
+            let replayed = fixed.replay("jobs", "poison", "ops@example.com", "fixed in 1.2.3").await.unwrap();
+            let again = fixed.replay("jobs", "poison", "ops@example.com", "again").await.unwrap();
+
+            assert_eq!((replayed, again), (Outcome::Processed, Outcome::Duplicate));
+            assert_eq!(done(&pool).await, [("poison".into(), 1, None)], "applied once, as a first attempt");
+            assert!(fixed.dead().await.unwrap().is_empty());
+            let resolution: (String, Option<String>, Option<String>, Option<String>) = sqlx::query_as(
+                "SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = 'poison'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let (by, why) = (Some("ops@example.com".to_owned()), Some("fixed in 1.2.3".to_owned()));
+            assert_eq!(resolution, ("processed".into(), Some("replayed".into()), by, why));
+            assert_eq!(fixed.dispatch(&poison).await.unwrap()[0].outcome, Outcome::Duplicate);
+        }
+
+        #[tokio::test]
+        async fn a_discarded_message_is_kept_with_who_and_why() {
+            let Some(pool) = database("discard").await else { return };
+            let inbox = inbox(&pool, quick(5)).await;
+            let invalid = envelope(&job("invalid", "invalid"));
+            inbox.dispatch(&invalid).await.unwrap_err();
+
+            inbox.discard("jobs", "invalid", "ops@example.com", "customer cancelled").await.unwrap();
+
+            let discarded = inbox.discarded().await.unwrap();
+            assert_eq!(discarded.len(), 1);
+            assert_eq!(discarded[0].resolved_reason.as_deref(), Some("customer cancelled"));
+            assert!(inbox.dead().await.unwrap().is_empty());
+            assert_eq!(inbox.dispatch(&invalid).await.unwrap()[0].outcome, Outcome::Duplicate);
+            let error = inbox.discard("jobs", "invalid", "ops@example.com", "twice").await.unwrap_err();
+            assert!(matches!(error, Error::NotDead { action: "discard", .. }), "{error}");
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -114,6 +114,28 @@ pub struct ParkedMessage {
     pub headers: Option<String>,
 }
 
+/// The stored content of a message, for a replay.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredPayload {
+    /// The row's status.
+    pub status: String,
+    /// The canonical JSON encoding of the message, while it is kept.
+    pub payload: Option<Vec<u8>>,
+    /// The delivery's headers, as a JSON object.
+    pub headers: Option<String>,
+}
+
+/// What an operator does about a dead message, by whom and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Resolution<'a> {
+    /// Replay it (`true`) or discard it (`false`).
+    pub replay: bool,
+    /// Who decided.
+    pub by: &'a str,
+    /// Why.
+    pub reason: &'a str,
+}
+
 /// A dedup row as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct StoredMessage {
@@ -127,12 +149,18 @@ pub struct StoredMessage {
     pub aggregate_id: Option<String>,
     /// The sequence, if any.
     pub sequence_number: Option<i64>,
-    /// `processed`, `stale`, `parked`, `failed` or `dead`.
+    /// `processed`, `stale`, `parked`, `failed`, `dead` or `discarded`.
     pub status: String,
     /// The last error, for a failed or dead message.
     pub error_text: Option<String>,
     /// How many attempts failed.
     pub attempt_count: i32,
+    /// What an operator did about it: `replayed` or `discarded`.
+    pub resolution: Option<String>,
+    /// Who did it.
+    pub resolved_by: Option<String>,
+    /// Why.
+    pub resolved_reason: Option<String>,
 }
 
 /// A database the inbox can guard messages in.
@@ -263,6 +291,22 @@ pub trait Backend: sqlx::Database {
         last: i64,
     ) -> impl Future<Output = Result<Option<(i64, i64)>, sqlx::Error>> + Send;
 
+    /// The status, payload and headers of a dedup row.
+    fn stored(
+        pool: &Pool<Self>,
+        key: &MessageKey<'_>,
+    ) -> impl Future<Output = Result<Option<StoredPayload>, sqlx::Error>> + Send;
+
+    /// Records what an operator did about a `dead` or `failed` message: `Replay` makes it
+    /// `failed` with no attempts, to be handled again; `Discard` makes it `discarded`. Who and why
+    /// are kept with the message, and its payload too. Returns `false` if it was neither dead nor
+    /// failed.
+    fn resolve(
+        conn: &mut Self::Connection,
+        key: &MessageKey<'_>,
+        resolution: &Resolution<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
     fn list(
         pool: &Pool<Self>,
@@ -352,7 +396,19 @@ const PARKED_RANGE: &str = "SELECT MIN(sequence_number), COUNT(*) FROM inbox_mes
 const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text = $4 \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
 
-const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text, attempt_count \
+const STORED: &str = "SELECT status, payload, headers FROM inbox_messages \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3";
+
+const REPLAY: &str = "UPDATE inbox_messages SET status = 'failed', attempt_count = 0, \
+    resolution = 'replayed', resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status IN ('dead', 'failed')";
+
+const DISCARD: &str = "UPDATE inbox_messages SET status = 'discarded', \
+    resolution = 'discarded', resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status IN ('dead', 'failed')";
+
+const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text, \
+    attempt_count, resolution, resolved_by, resolved_reason \
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
 
@@ -613,6 +669,33 @@ macro_rules! sql_backend {
                     .execute(&mut *conn)
                     .await?;
                 Ok(Some((missing, parked)))
+            }
+
+            async fn stored(pool: &Pool<Self>, key: &MessageKey<'_>) -> Result<Option<StoredPayload>, sqlx::Error> {
+                sqlx::query_as(STORED)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .fetch_optional(pool)
+                    .await
+            }
+
+            async fn resolve(
+                conn: &mut Self::Connection,
+                key: &MessageKey<'_>,
+                resolution: &Resolution<'_>,
+            ) -> Result<bool, sqlx::Error> {
+                let sql = if resolution.replay { REPLAY } else { DISCARD };
+                let resolved = sqlx::query(sql)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .bind(resolution.by)
+                    .bind(resolution.reason)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                Ok(resolved == 1)
             }
 
             async fn list(pool: &Pool<Self>, consumer: &str, status: &str) -> Result<Vec<StoredMessage>, sqlx::Error> {

@@ -51,6 +51,19 @@ pub enum Error {
     #[error("cannot encode the message: {0}")]
     Encode(String),
 
+    /// An operator asked to replay or discard a message that is not dead (or failed).
+    #[error(
+        "message `{message_id}` of handler `{handler}` is not dead, so there is nothing to {action}"
+    )]
+    NotDead {
+        /// The handler.
+        handler: String,
+        /// The message.
+        message_id: String,
+        /// `replay` or `discard`.
+        action: &'static str,
+    },
+
     /// No handler of this name is registered.
     #[error("no handler named `{0}` is registered")]
     UnknownHandler(String),

@@ -11,7 +11,7 @@ use futures::FutureExt;
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
-use crate::backend::{Backend, Claim, Claimed, Failure, MessageKey, Stream};
+use crate::backend::{Backend, Claim, Claimed, Failure, MessageKey, Resolution, Stream};
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
 use crate::handler::{Handler, Headers, Ordering};
@@ -510,4 +510,99 @@ pub async fn expire_gaps<DB: Backend>(
         }
     }
     Ok(expired)
+}
+
+/// Replays a dead (or failed) message through the normal guarded path, after recording who
+/// replays it and why: it is handled again from its first attempt, so a replay that succeeds is
+/// `Processed`, and one that fails is recorded like any failure. A message that is already handled
+/// is a `Duplicate`, like any redelivery.
+pub async fn replay<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    message_id: &str,
+    (by, reason): (&str, &str),
+    retry: &RetryPolicy,
+) -> Result<Outcome, Error> {
+    let key = MessageKey {
+        consumer,
+        handler: handler.name(),
+        message_id,
+    };
+    let not_dead = || Error::NotDead {
+        handler: handler.name().to_owned(),
+        message_id: message_id.to_owned(),
+        action: "replay",
+    };
+    let stored = DB::stored(pool, &key).await?.ok_or_else(not_dead)?;
+    let Some(payload) = stored
+        .payload
+        .filter(|_| matches!(stored.status.as_str(), "dead" | "failed"))
+    else {
+        return Ok(Outcome::Duplicate);
+    };
+    let mut tx = DB::begin(pool).await?;
+    let replay = Resolution {
+        replay: true,
+        by,
+        reason,
+    };
+    if !DB::resolve(&mut tx, &key, &replay).await? {
+        tx.rollback().await?;
+        return Ok(Outcome::Duplicate);
+    }
+    tx.commit().await?;
+    let decode_error = |reason: String| Error::Decode {
+        message_type: H::Message::TYPE.to_owned(),
+        reason,
+    };
+    let message: H::Message =
+        serde_json::from_slice(&payload).map_err(|e| decode_error(e.to_string()))?;
+    let headers: Headers = match &stored.headers {
+        Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
+        None => Headers::new(),
+    };
+    let identity = handler.identity(&message)?;
+    let guarded = process(
+        pool,
+        consumer,
+        handler,
+        message,
+        &identity,
+        Some(&headers),
+        retry,
+    )
+    .await?;
+    Ok(guarded.outcome)
+}
+
+/// Discards a dead (or failed) message: it stays, with its payload and who discarded it and why,
+/// but is never retried.
+pub async fn discard<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    (by, reason): (&str, &str),
+) -> Result<(), Error> {
+    let mut tx = DB::begin(pool).await?;
+    let discard = Resolution {
+        replay: false,
+        by,
+        reason,
+    };
+    if !DB::resolve(&mut tx, key, &discard).await? {
+        return Err(Error::NotDead {
+            handler: key.handler.to_owned(),
+            message_id: key.message_id.to_owned(),
+            action: "discard",
+        });
+    }
+    tx.commit().await?;
+    tracing::warn!(
+        handler = key.handler,
+        message_id = key.message_id,
+        by,
+        reason,
+        "dead message discarded"
+    );
+    Ok(())
 }

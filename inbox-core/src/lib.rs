@@ -15,13 +15,15 @@ mod outcome;
 mod retry;
 
 pub use backend::{
-    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, StoredMessage,
-    Stream, sqlite_options,
+    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, Resolution,
+    StoredMessage, StoredPayload, Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
 pub use error::{Error, HandlerError};
-pub use guard::{ExpiredGap, Guarded, expire_gaps, process, release, resume, skip_gap};
+pub use guard::{
+    ExpiredGap, Guarded, discard, expire_gaps, process, release, replay, resume, skip_gap,
+};
 pub use handler::{
     DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult, Headers, Ordering,
 };

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use inbox_core::{Backend, Envelope, Error, ExpiredGap, Outcome, StoredMessage};
+use inbox_core::{Backend, Envelope, Error, ExpiredGap, MessageKey, Outcome, StoredMessage};
 use sqlx::Pool;
 
 use crate::builder::{InboxBuilder, Retry};
@@ -167,9 +167,74 @@ impl<DB: Backend> Inbox<DB> {
         Ok(DB::list(&self.shared.pool, &self.shared.consumer, "parked").await?)
     }
 
-    /// The dead messages (for now: parked messages whose gap timed out), with the reason.
+    /// The dead messages: given up on after their last attempt or a permanent error, or parked
+    /// behind a gap that timed out; with their attempts and last error.
     pub async fn dead(&self) -> Result<Vec<StoredMessage>, Error> {
         Ok(DB::list(&self.shared.pool, &self.shared.consumer, "dead").await?)
+    }
+
+    /// Replays the dead message `message_id` of `handler` through the normal guarded path, after
+    /// its handler or data was fixed: handled again from a first attempt (`Processed`, or a failure
+    /// recorded like any other). `by` and `reason` are kept with the message. Replaying a message
+    /// that was handled since is a `Duplicate`.
+    pub async fn replay(
+        &self,
+        handler: &str,
+        message_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<Outcome, Error> {
+        let shared = &self.shared;
+        let route = shared.registry.named(handler)?;
+        let retry = shared.retry.of(route.name());
+        route
+            .replay(
+                &shared.pool,
+                &shared.consumer,
+                message_id,
+                (by, reason),
+                retry,
+            )
+            .await
+    }
+
+    /// Replays every dead message of this consumer (see [`Inbox::replay`]); returns each one's
+    /// handler, id and result.
+    pub async fn replay_dead(
+        &self,
+        by: &str,
+        reason: &str,
+    ) -> Result<Vec<(String, String, Result<Outcome, Error>)>, Error> {
+        let mut replayed = Vec::new();
+        for dead in self.dead().await? {
+            let result = self
+                .replay(&dead.handler, &dead.message_id, by, reason)
+                .await;
+            replayed.push((dead.handler, dead.message_id, result));
+        }
+        Ok(replayed)
+    }
+
+    /// Discards the dead message `message_id` of `handler`: it is kept, with `by` and `reason`,
+    /// but never handled.
+    pub async fn discard(
+        &self,
+        handler: &str,
+        message_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let key = MessageKey {
+            consumer: &self.shared.consumer,
+            handler,
+            message_id,
+        };
+        inbox_core::discard(&self.shared.pool, &key, (by, reason)).await
+    }
+
+    /// The messages discarded by an operator, with who and why.
+    pub async fn discarded(&self) -> Result<Vec<StoredMessage>, Error> {
+        Ok(DB::list(&self.shared.pool, &self.shared.consumer, "discarded").await?)
     }
 
     /// Consumes `source` until it ends; see [`Inbox::run_until`].

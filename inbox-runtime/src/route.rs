@@ -33,6 +33,15 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
         pool: &'a Pool<DB>,
         consumer: &'a str,
     ) -> BoxFuture<'a, Result<u32, Error>>;
+    /// Replays a dead message of this handler through the guarded path.
+    fn replay<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        message_id: &'a str,
+        by_reason: (&'a str, &'a str),
+        retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<Outcome, Error>>;
     /// Skips the gap in front of an aggregate's parked messages and releases them.
     fn skip_gap<'a>(
         &'a self,
@@ -85,6 +94,19 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
         aggregate: &'a str,
     ) -> BoxFuture<'a, Result<u32, Error>> {
         Box::pin(inbox_core::skip_gap(pool, consumer, &*self.0, aggregate))
+    }
+
+    fn replay<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        message_id: &'a str,
+        by_reason: (&'a str, &'a str),
+        retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<Outcome, Error>> {
+        Box::pin(inbox_core::replay(
+            pool, consumer, &*self.0, message_id, by_reason, retry,
+        ))
     }
 
     fn prepare(&self, envelope: &Envelope) -> Result<Box<dyn Job<DB>>, Error> {
