@@ -91,8 +91,8 @@
 pub use inbox_core::{
     Backend, Context, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Envelope, Error,
     ExpiredGap, Handler, HandlerError, Headers, Identifier, Identity, MAX_ID_LEN, MIGRATIONS_TABLE,
-    Message, Ordering, Outcome, RetryPolicy, SequenceNumber, StoredMessage, migrate, schema,
-    sqlite_options,
+    Message, Ordering, Outcome, RejectedDelivery, RetryPolicy, SequenceNumber, StoredMessage,
+    migrate, schema, sqlite_options,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;

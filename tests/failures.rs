@@ -215,6 +215,76 @@ macro_rules! failures_suite {
             assert!(matches!(error, Error::NotDead { action: "discard", .. }), "{error}");
         }
 
+        #[tokio::test]
+        async fn bad_input_is_kept_with_its_bytes_and_a_reason() {
+            let Some(pool) = database("bad_input").await else { return };
+            let inbox = Inbox::builder(pool.clone()).max_payload_bytes(64).handler(run_job).build().await.unwrap();
+            let oversized = format!("{{\"id\": \"big\", \"kind\": \"{}\"}}", "x".repeat(100));
+            let too_large = format!("the payload is {} bytes; the limit is 64", oversized.len());
+            let bad: [(&str, Vec<u8>, &str); 5] = [
+                ("test.job", b"{\"id\": \"a\", \"kind\": ".to_vec(), "cannot decode a `test.job` payload: EOF while parsing a value at line 1 column 20"),
+                ("test.nope", b"{}".to_vec(), "no handler is registered for message type `test.nope`"),
+                ("test.job", b"{\"id\": \"\", \"kind\": \"good\"}".to_vec(), "invalid message id: it is empty"),
+                ("test.job", b"{\"kind\": \"good\"}".to_vec(), "cannot decode a `test.job` payload: missing field `id` at line 1 column 16"),
+                ("test.job", oversized.clone().into_bytes(), &too_large),
+            ];
+            let broker = MemoryBroker::new();
+            for (n, (message_type, payload, _)) in bad.iter().enumerate() {
+                broker.publish(Envelope::new(*message_type, format!("d-{n}"), payload.clone()).with_header("trace", "t-1"));
+            }
+            broker.publish(envelope(&job("fine", "good")));
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!((report.rejected, report.count(Outcome::Processed)), (5, 1), "{report:?}");
+            assert_eq!(broker.acked(), 6);
+            let rejected = inbox.rejected().await.unwrap();
+            let kept: Vec<_> = rejected.iter().map(|r| (r.message_type.as_str(), r.payload.clone(), r.reason.as_str())).collect();
+            let expected: Vec<_> = bad.iter().map(|(t, p, r)| (*t, p.clone(), *r)).collect();
+            assert_eq!(kept, expected);
+            assert_eq!(rejected[0].envelope().unwrap().headers().get("trace").map(String::as_str), Some("t-1"));
+        }
+
+        #[tokio::test]
+        async fn a_rejected_delivery_is_replayed_once_its_handler_exists() {
+            let Some(pool) = database("replay_rejected").await else { return };
+            let without = Inbox::builder(pool.clone()).handler(run_job_fixed).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            broker.publish(Envelope::new("test.other", "d-1", b"{}".to_vec()));
+            broker.close();
+            without.run(broker.source()).await.unwrap();
+            let id = without.rejected().await.unwrap()[0].id;
+
+            let error = without.replay_rejected(id, "ops", "retry").await.unwrap_err();
+            assert!(matches!(error, Error::UnknownMessageType(_)), "{error}");
+            without.discard_rejected(id, "ops", "not ours").await.unwrap();
+
+            assert!(without.rejected().await.unwrap().is_empty());
+            let error = without.discard_rejected(id, "ops", "twice").await.unwrap_err();
+            assert!(matches!(error, Error::UnknownRejected(n) if n == id), "{error}");
+        }
+
+        #[tokio::test]
+        async fn unknown_types_can_be_acknowledged_and_counted() {
+            let Some(pool) = database("unknown_ack").await else { return };
+            let inbox = Inbox::builder(pool.clone())
+                .unknown_types(inbox::UnknownTypes::Acknowledge)
+                .handler(run_job)
+                .build()
+                .await
+                .unwrap();
+            let broker = MemoryBroker::new();
+            broker.publish(Envelope::new("test.other", "d-1", b"{}".to_vec()));
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!((report.unknown_acknowledged, report.rejected), (1, 0));
+            assert_eq!(broker.acked(), 1);
+            assert!(inbox.rejected().await.unwrap().is_empty());
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_failure_that_cannot_be_recorded_is_not_acknowledged() {
             let Some(pool) = database("unrecordable").await else { return };

@@ -8,7 +8,7 @@ macro_rules! runtime_suite {
         use std::time::Duration;
 
         use inbox::prelude::*;
-        use inbox::{BuildError, Error, MemoryBroker, RetryPolicy, RunError, RunReport, Source};
+        use inbox::{BuildError, Error, MemoryBroker, RetryPolicy, RunReport, Source};
 
         use $crate::common::ledger::Credited;
 
@@ -242,20 +242,22 @@ macro_rules! runtime_suite {
         }
 
         #[tokio::test]
-        async fn refused_delivery_stops_the_run_and_stays_with_the_broker() {
-            let Some(pool) = ledger("refused_delivery").await else { return };
+        async fn an_unroutable_delivery_is_kept_as_rejected_and_the_run_goes_on() {
+            let Some(pool) = ledger("rejected_delivery").await else { return };
             let inbox = billing(&pool, 1).await;
             let broker = MemoryBroker::new();
+            broker.publish(Envelope::new("order.refunded", "d-1", b"{\"id\": 1}".to_vec()));
             broker.publish(envelope(&Credited::new("e-1", "acct", 1, 30)));
-            broker.publish(Envelope::new("order.refunded", "d-2", b"{}".to_vec()));
             broker.close();
 
-            let error = inbox.run(broker.source()).await.unwrap_err();
+            let report = inbox.run(broker.source()).await.unwrap();
 
-            assert!(matches!(&error, RunError::Refused { id, .. } if id == "d-2"), "{error}");
-            assert!(error.to_string().contains("no handler is registered for message type `order.refunded`"), "{error}");
-            assert_eq!(broker.queued(), 1, "the refused delivery is handed back, not dropped");
-            assert_eq!(broker.acked(), 1);
+            assert_eq!((report.rejected, report.count(Outcome::Processed)), (1, 1), "{report:?}");
+            assert_eq!(broker.acked(), 2, "kept, so acknowledged");
+            let rejected = inbox.rejected().await.unwrap();
+            assert_eq!(rejected.len(), 1);
+            assert_eq!(rejected[0].payload, b"{\"id\": 1}");
+            assert_eq!(rejected[0].reason, "no handler is registered for message type `order.refunded`");
         }
     };
 }

@@ -9,6 +9,9 @@ use std::future::Future;
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 
+use crate::envelope::Envelope;
+use crate::handler::Headers;
+
 /// What the guard records when it first sees a message.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
@@ -123,6 +126,36 @@ pub struct StoredPayload {
     pub payload: Option<Vec<u8>>,
     /// The delivery's headers, as a JSON object.
     pub headers: Option<String>,
+}
+
+/// A delivery that could not be handled at all, kept with its exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RejectedDelivery {
+    /// Its number, for operators.
+    pub id: i64,
+    /// The type tag it carried.
+    pub message_type: String,
+    /// The transport's id for the delivery.
+    pub delivery_id: String,
+    /// The payload, exactly as delivered.
+    pub payload: Vec<u8>,
+    /// The delivery's headers, as a JSON object.
+    pub headers: String,
+    /// What was wrong with it.
+    pub reason: String,
+}
+
+impl RejectedDelivery {
+    /// The delivery as it came, to dispatch it again.
+    pub fn envelope(&self) -> Result<Envelope, serde_json::Error> {
+        let headers: Headers = serde_json::from_str(&self.headers)?;
+        let envelope = Envelope::new(&self.message_type, &self.delivery_id, self.payload.clone());
+        Ok(headers
+            .into_iter()
+            .fold(envelope, |envelope, (name, value)| {
+                envelope.with_header(name, value)
+            }))
+    }
 }
 
 /// What an operator does about a dead message, by whom and why.
@@ -307,6 +340,29 @@ pub trait Backend: sqlx::Database {
         resolution: &Resolution<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// Keeps a delivery that could not be handled at all, with its exact bytes and the reason.
+    fn reject(
+        pool: &Pool<Self>,
+        consumer: &str,
+        envelope: &Envelope,
+        reason: &str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// The rejected deliveries of `consumer` that no operator has resolved, oldest first.
+    fn rejected(
+        pool: &Pool<Self>,
+        consumer: &str,
+    ) -> impl Future<Output = Result<Vec<RejectedDelivery>, sqlx::Error>> + Send;
+
+    /// Records that an operator replayed or discarded a rejected delivery. Returns `false` if it
+    /// does not exist or was resolved already.
+    fn resolve_rejected(
+        pool: &Pool<Self>,
+        consumer: &str,
+        id: i64,
+        resolution: &Resolution<'_>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
     fn list(
         pool: &Pool<Self>,
@@ -407,13 +463,23 @@ const DISCARD: &str = "UPDATE inbox_messages SET status = 'discarded', \
     resolution = 'discarded', resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status IN ('dead', 'failed')";
 
+const REJECT: &str = "INSERT INTO inbox_rejected (consumer, message_type, delivery_id, payload, headers, reason) \
+    VALUES ($1, $2, $3, $4, $5, $6) RETURNING id";
+
+const REJECTED: &str = "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+    WHERE consumer = $1 AND resolution IS NULL ORDER BY id";
+
+const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
+    SET resolution = $3, resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
+    WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
+
 const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text, \
     attempt_count, resolution, resolved_by, resolved_reason \
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
 
-const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, s.last_sequence \
-    FROM inbox_messages m, inbox_streams s WHERE 1 = 0";
+const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
+    s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0";
 
 /// The name of the table that records which inbox migrations ran, kept apart from the
 /// application's own `_sqlx_migrations`.
@@ -693,6 +759,47 @@ macro_rules! sql_backend {
                     .bind(resolution.by)
                     .bind(resolution.reason)
                     .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                Ok(resolved == 1)
+            }
+
+            async fn reject(
+                pool: &Pool<Self>,
+                consumer: &str,
+                envelope: &Envelope,
+                reason: &str,
+            ) -> Result<i64, sqlx::Error> {
+                let headers = serde_json::to_string(envelope.headers()).unwrap_or_else(|_| "{}".to_owned());
+                sqlx::query_scalar(REJECT)
+                    .bind(consumer)
+                    .bind(envelope.message_type())
+                    .bind(envelope.id())
+                    .bind(envelope.payload())
+                    .bind(headers)
+                    .bind(reason)
+                    .fetch_one(pool)
+                    .await
+            }
+
+            async fn rejected(pool: &Pool<Self>, consumer: &str) -> Result<Vec<RejectedDelivery>, sqlx::Error> {
+                sqlx::query_as(REJECTED).bind(consumer).fetch_all(pool).await
+            }
+
+            async fn resolve_rejected(
+                pool: &Pool<Self>,
+                consumer: &str,
+                id: i64,
+                resolution: &Resolution<'_>,
+            ) -> Result<bool, sqlx::Error> {
+                let action = if resolution.replay { "replayed" } else { "discarded" };
+                let resolved = sqlx::query(RESOLVE_REJECTED)
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(action)
+                    .bind(resolution.by)
+                    .bind(resolution.reason)
+                    .execute(pool)
                     .await?
                     .rows_affected();
                 Ok(resolved == 1)

@@ -68,6 +68,19 @@ pub enum Error {
     #[error("no handler named `{0}` is registered")]
     UnknownHandler(String),
 
+    /// The payload is larger than the inbox accepts.
+    #[error("the payload is {size} bytes; the limit is {limit}")]
+    PayloadTooLarge {
+        /// The payload's size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+
+    /// No rejected delivery with this number waits for an operator.
+    #[error("no unresolved rejected delivery has number {0}")]
+    UnknownRejected(i64),
+
     /// No handler is registered for the envelope's type tag.
     #[error("no handler is registered for message type `{0}`")]
     UnknownMessageType(String),

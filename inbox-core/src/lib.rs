@@ -15,8 +15,8 @@ mod outcome;
 mod retry;
 
 pub use backend::{
-    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, Resolution,
-    StoredMessage, StoredPayload, Stream, sqlite_options,
+    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage,
+    RejectedDelivery, Resolution, StoredMessage, StoredPayload, Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, RetryPolicy};
 use sqlx::Pool;
 
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Shared, UnknownTypes};
 use crate::registry::{BuildError, Registry};
 use crate::route::{HandlerRoute, Route};
 
@@ -17,8 +17,13 @@ pub struct InboxBuilder<DB: Backend> {
     consumer: String,
     workers: usize,
     retry: Retry,
+    unknown_types: UnknownTypes,
+    max_payload_bytes: usize,
     routes: Vec<Arc<dyn Route<DB>>>,
 }
+
+/// The largest payload an inbox accepts by default: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 impl<DB: Backend> InboxBuilder<DB> {
     pub(crate) fn new(pool: Pool<DB>) -> Self {
@@ -27,6 +32,8 @@ impl<DB: Backend> InboxBuilder<DB> {
             consumer: DEFAULT_CONSUMER.to_owned(),
             workers: DB::DEFAULT_WORKERS,
             retry: Retry::default(),
+            unknown_types: UnknownTypes::default(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             routes: Vec::new(),
         }
     }
@@ -58,6 +65,19 @@ impl<DB: Backend> InboxBuilder<DB> {
         self
     }
 
+    /// What to do with a delivery whose type has no handler (default: keep it as rejected).
+    pub fn unknown_types(mut self, policy: UnknownTypes) -> Self {
+        self.unknown_types = policy;
+        self
+    }
+
+    /// The largest payload accepted (default [`DEFAULT_MAX_PAYLOAD_BYTES`]); a larger one is kept
+    /// as rejected without being decoded.
+    pub fn max_payload_bytes(mut self, limit: usize) -> Self {
+        self.max_payload_bytes = limit;
+        self
+    }
+
     /// Registers a handler for its message type. Several handlers may take one type; each is
     /// called, with its own dedup scope.
     pub fn handler<H: Handler<DB>>(mut self, handler: H) -> Self {
@@ -74,13 +94,15 @@ impl<DB: Backend> InboxBuilder<DB> {
         DB::check_schema(&self.pool)
             .await
             .map_err(BuildError::Schema)?;
-        Ok(Inbox::new(
-            self.pool,
-            self.consumer,
-            self.workers,
-            self.retry,
+        Ok(Inbox::new(Shared {
+            pool: self.pool,
+            consumer: self.consumer,
+            workers: self.workers,
+            retry: self.retry,
+            unknown_types: self.unknown_types,
+            max_payload_bytes: self.max_payload_bytes,
             registry,
-        ))
+        }))
     }
 }
 

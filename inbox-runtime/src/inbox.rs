@@ -4,13 +4,16 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use inbox_core::{Backend, Envelope, Error, ExpiredGap, MessageKey, Outcome, StoredMessage};
+use inbox_core::{
+    Backend, Envelope, Error, ExpiredGap, MessageKey, Outcome, RejectedDelivery, Resolution,
+    StoredMessage,
+};
 use sqlx::Pool;
 
 use crate::builder::{InboxBuilder, Retry};
 use crate::registry::Registry;
 use crate::route::{Handled, Job};
-use crate::source::{Delivery, Source, SourceError};
+use crate::source::{Source, SourceError};
 use crate::worker;
 
 /// A consumer of messages: a pool, a consumer group and its handlers.
@@ -32,7 +35,9 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) pool: Pool<DB>,
     pub(crate) consumer: String,
     pub(crate) workers: usize,
-    retry: Retry,
+    pub(crate) retry: Retry,
+    pub(crate) unknown_types: UnknownTypes,
+    pub(crate) max_payload_bytes: usize,
     pub(crate) registry: Registry<DB>,
 }
 
@@ -43,18 +48,16 @@ pub enum RunError {
     /// The source failed.
     #[error("the source failed: {0}")]
     Source(SourceError),
+}
 
-    /// A delivery could not be routed or decoded (unknown type, malformed payload, invalid id). It
-    /// was handed back to the broker unacknowledged, and the run stopped so that it is not lost.
-    #[error("delivery `{id}` of type `{message_type}` was refused: {error}")]
-    Refused {
-        /// The transport id of the delivery.
-        id: String,
-        /// Its type tag.
-        message_type: String,
-        /// What was wrong with it.
-        error: Error,
-    },
+/// What a runtime does with a delivery whose type tag has no handler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UnknownTypes {
+    /// Keep it as a rejected delivery, with its bytes, for an operator (the default).
+    #[default]
+    Reject,
+    /// Acknowledge it and count it: for consumers that share a stream with types they ignore.
+    Acknowledge,
 }
 
 /// What a run did.
@@ -69,6 +72,10 @@ pub struct RunReport {
     pub failed: u64,
     /// Parked messages marked dead because their gap outlived the handler's `gap_timeout`.
     pub gap_expired: u64,
+    /// Deliveries that could not be handled at all, kept as rejected (see [`Inbox::rejected`]).
+    pub rejected: u64,
+    /// Deliveries of a type without a handler, acknowledged under [`UnknownTypes::Acknowledge`].
+    pub unknown_acknowledged: u64,
 }
 
 impl RunReport {
@@ -90,6 +97,8 @@ impl RunReport {
         self.acked += other.acked;
         self.failed += other.failed;
         self.gap_expired += other.gap_expired;
+        self.rejected += other.rejected;
+        self.unknown_acknowledged += other.unknown_acknowledged;
     }
 }
 
@@ -99,20 +108,7 @@ impl<DB: Backend> Inbox<DB> {
         InboxBuilder::new(pool)
     }
 
-    pub(crate) fn new(
-        pool: Pool<DB>,
-        consumer: String,
-        workers: usize,
-        retry: Retry,
-        registry: Registry<DB>,
-    ) -> Self {
-        let shared = Shared {
-            pool,
-            consumer,
-            workers,
-            retry,
-            registry,
-        };
+    pub(crate) fn new(shared: Shared<DB>) -> Self {
         Self {
             shared: Arc::new(shared),
         }
@@ -129,7 +125,7 @@ impl<DB: Backend> Inbox<DB> {
     /// is recorded, see [`Error::Handler`]), and redelivering the envelope retries the failed
     /// handlers while the others report [`Outcome::Duplicate`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
-        let jobs = self.shared.registry.prepare(envelope)?;
+        let jobs = self.shared.prepare(envelope)?;
         self.shared
             .execute(jobs, envelope)
             .await
@@ -232,6 +228,62 @@ impl<DB: Backend> Inbox<DB> {
         inbox_core::discard(&self.shared.pool, &key, (by, reason)).await
     }
 
+    /// The deliveries that could not be handled at all and wait for an operator, oldest first.
+    pub async fn rejected(&self) -> Result<Vec<RejectedDelivery>, Error> {
+        Ok(DB::rejected(&self.shared.pool, &self.shared.consumer).await?)
+    }
+
+    /// Dispatches rejected delivery `id` again, exactly as it came (after the missing handler was
+    /// registered, say), and records who and why if it now goes through.
+    pub async fn replay_rejected(
+        &self,
+        id: i64,
+        by: &str,
+        reason: &str,
+    ) -> Result<Vec<Handled>, Error> {
+        let rejected = self.rejected().await?;
+        let delivery = rejected
+            .iter()
+            .find(|rejected| rejected.id == id)
+            .ok_or(Error::UnknownRejected(id))?;
+        let envelope = delivery.envelope().map_err(|e| Error::Decode {
+            message_type: delivery.message_type.clone(),
+            reason: format!("stored headers: {e}"),
+        })?;
+        let handled = self.dispatch(&envelope).await?;
+        self.resolve_rejected(
+            id,
+            Resolution {
+                replay: true,
+                by,
+                reason,
+            },
+        )
+        .await?;
+        Ok(handled)
+    }
+
+    /// Discards rejected delivery `id`: kept, with who and why, but no longer listed.
+    pub async fn discard_rejected(&self, id: i64, by: &str, reason: &str) -> Result<(), Error> {
+        self.resolve_rejected(
+            id,
+            Resolution {
+                replay: false,
+                by,
+                reason,
+            },
+        )
+        .await
+    }
+
+    async fn resolve_rejected(&self, id: i64, resolution: Resolution<'_>) -> Result<(), Error> {
+        let shared = &self.shared;
+        match DB::resolve_rejected(&shared.pool, &shared.consumer, id, &resolution).await? {
+            true => Ok(()),
+            false => Err(Error::UnknownRejected(id)),
+        }
+    }
+
     /// The messages discarded by an operator, with who and why.
     pub async fn discarded(&self) -> Result<Vec<StoredMessage>, Error> {
         Ok(DB::list(&self.shared.pool, &self.shared.consumer, "discarded").await?)
@@ -284,8 +336,16 @@ impl<DB: Backend> Shared<DB> {
             .min()
     }
 
-    pub(crate) fn prepare(&self, delivery: &Delivery) -> Result<Vec<Box<dyn Job<DB>>>, Error> {
-        self.registry.prepare(delivery.envelope())
+    /// Checks the payload's size, then decodes it once for each handler of its type.
+    pub(crate) fn prepare(&self, envelope: &Envelope) -> Result<Vec<Box<dyn Job<DB>>>, Error> {
+        let size = envelope.payload().len();
+        if size > self.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                size,
+                limit: self.max_payload_bytes,
+            });
+        }
+        self.registry.prepare(envelope)
     }
 
     /// Runs each job, every one even if another fails, and returns each result.

@@ -10,8 +10,8 @@ mod route;
 mod source;
 mod worker;
 
-pub use builder::InboxBuilder;
-pub use inbox::{Inbox, RunError, RunReport};
+pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, InboxBuilder};
+pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
 pub use registry::BuildError;
 pub use route::Handled;
 pub use source::{Acknowledge, Delivery, MemoryBroker, MemorySource, Source, SourceError};

@@ -11,7 +11,7 @@ use inbox_core::{Backend, Error, Outcome};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::inbox::{RunError, RunReport, Shared};
+use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
 use crate::route::{Handled, Job};
 use crate::source::{Delivery, Source};
 
@@ -36,9 +36,9 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
         .map(|_| spawn_worker(Arc::clone(&shared)))
         .unzip();
-    let routed = route(&shared, &mut source, &queues, shutdown).await;
-    drop(queues);
     let mut report = RunReport::default();
+    let routed = route(&shared, &mut source, &queues, shutdown, &mut report).await;
+    drop(queues);
     report.add(Outcome::Released, u64::from(resumed));
     for worker in workers {
         match worker.await {
@@ -85,12 +85,14 @@ fn spawn_gap_sweeper<DB: Backend>(
     (stop, sweeper)
 }
 
-/// Pulls deliveries until the source ends, `shutdown` completes, or a delivery is refused.
+/// Pulls deliveries until the source ends, `shutdown` completes or the source fails, and hands each
+/// to its worker; a delivery that cannot be handled at all is rejected here.
 async fn route<DB: Backend, S: Source>(
     shared: &Shared<DB>,
     source: &mut S,
     queues: &[mpsc::Sender<Work<DB>>],
     shutdown: impl Future<Output = ()>,
+    report: &mut RunReport,
 ) -> Result<(), RunError> {
     tokio::pin!(shutdown);
     loop {
@@ -102,9 +104,12 @@ async fn route<DB: Backend, S: Source>(
         let Some(delivery) = next else {
             return Ok(());
         };
-        let jobs = match shared.prepare(&delivery) {
+        let jobs = match shared.prepare(delivery.envelope()) {
             Ok(jobs) => jobs,
-            Err(error) => return Err(refuse(delivery, error).await),
+            Err(error) => {
+                reject(shared, delivery, error, report).await;
+                continue;
+            }
         };
         let queue = &queues[worker_for(&jobs, &delivery, queues.len())];
         let permit = tokio::select! {
@@ -130,17 +135,42 @@ async fn settle_unhandled(delivery: Delivery) {
     }
 }
 
-/// Hands a delivery that cannot be handled back to the broker and says why.
-async fn refuse(delivery: Delivery, error: inbox_core::Error) -> RunError {
-    let id = delivery.envelope().id().to_owned();
-    let message_type = delivery.envelope().message_type().to_owned();
-    if let Err(nack) = delivery.nack(Duration::ZERO).await {
-        tracing::warn!(%id, %nack, "could not hand a refused delivery back to the broker");
-    }
-    RunError::Refused {
-        id,
-        message_type,
-        error,
+/// Settles a delivery that cannot be handled at all (unknown type, undecodable payload, unusable
+/// id, oversized payload): kept as rejected, with its bytes and the reason, then acknowledged; or,
+/// for an unknown type under [`UnknownTypes::Acknowledge`], acknowledged and counted. If it cannot
+/// be kept, it is handed back to the broker instead.
+async fn reject<DB: Backend>(
+    shared: &Shared<DB>,
+    delivery: Delivery,
+    error: Error,
+    report: &mut RunReport,
+) {
+    let envelope = delivery.envelope();
+    let skip = matches!(error, Error::UnknownMessageType(_))
+        && shared.unknown_types == UnknownTypes::Acknowledge;
+    let kept = if skip {
+        tracing::warn!(
+            id = envelope.id(),
+            message_type = envelope.message_type(),
+            "no handler for this type; acknowledged"
+        );
+        report.unknown_acknowledged += 1;
+        Ok(())
+    } else {
+        tracing::warn!(id = envelope.id(), message_type = envelope.message_type(), %error, "delivery rejected");
+        DB::reject(&shared.pool, &shared.consumer, envelope, &error.to_string())
+            .await
+            .map(|_| report.rejected += 1)
+    };
+    let settled = match kept {
+        Ok(()) => delivery.ack().await,
+        Err(database) => {
+            tracing::error!(%database, "could not keep a rejected delivery; handing it back");
+            delivery.nack(Duration::ZERO).await
+        }
+    };
+    if let Err(error) = settled {
+        tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
     }
 }
 

@@ -8,3 +8,20 @@ ALTER TABLE inbox_messages ADD COLUMN resolution TEXT;
 ALTER TABLE inbox_messages ADD COLUMN resolved_by TEXT;
 ALTER TABLE inbox_messages ADD COLUMN resolved_reason TEXT;
 ALTER TABLE inbox_messages ADD COLUMN resolved_at TEXT;
+
+-- Deliveries that could not be handled at all (unknown type, undecodable payload, unusable id,
+-- oversized payload), kept with their exact bytes and the reason.
+CREATE TABLE IF NOT EXISTS inbox_rejected (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    consumer        TEXT    NOT NULL,
+    message_type    TEXT    NOT NULL,
+    delivery_id     TEXT    NOT NULL,
+    payload         BLOB    NOT NULL,
+    headers         TEXT    NOT NULL,
+    reason          TEXT    NOT NULL,
+    received_at     TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    resolution      TEXT,
+    resolved_by     TEXT,
+    resolved_reason TEXT,
+    resolved_at     TEXT
+);
