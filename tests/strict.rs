@@ -96,6 +96,25 @@ macro_rules! strict_suite {
         }
 
         #[tokio::test]
+        async fn a_failing_message_is_not_overtaken_while_it_waits_for_its_retry() {
+            let Some(pool) = ledger("strict_retry").await else { return };
+            let inbox = inbox(&pool).await;
+            let delivery = |sequence| Envelope::encode(format!("d-{sequence}"), &event("acct", sequence)).unwrap();
+            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 1)").execute(&pool).await.unwrap();
+
+            let error = inbox.dispatch(&delivery(1)).await.unwrap_err();
+            assert!(matches!(error, Error::Handler { retry_after: Some(_), .. }), "{error}");
+            for sequence in [2, 3] {
+                assert_eq!(inbox.dispatch(&delivery(sequence)).await.unwrap()[0].outcome, Outcome::Parked);
+            }
+            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            let retried = inbox.dispatch(&delivery(1)).await.unwrap();
+
+            assert_eq!((retried[0].outcome, retried[0].released), (Outcome::Processed, 2));
+            assert_eq!(sequences(&pool, "acct").await, [1, 2, 3]);
+        }
+
+        #[tokio::test]
         async fn strict_skips_what_already_applied() {
             let Some(pool) = ledger("strict_stale").await else { return };
             strict(&pool, "acct", 1).await;

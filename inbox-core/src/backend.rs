@@ -184,7 +184,9 @@ pub struct StoredMessage {
     pub sequence_number: Option<i64>,
     /// `processed`, `stale`, `parked`, `failed`, `dead` or `discarded`.
     pub status: String,
-    /// The last error, for a failed or dead message.
+    /// The first error, for a message that failed.
+    pub first_error: Option<String>,
+    /// The last error, for a failed or dead message (or why a parked one is dead).
     pub error_text: Option<String>,
     /// How many attempts failed.
     pub attempt_count: i32,
@@ -397,11 +399,13 @@ const SELECT_CLAIM: &str = "SELECT payload_hash, status FROM inbox_messages \
 
 const RECORD_FAILURE: &str = "INSERT INTO inbox_messages \
     (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, \
-     payload, headers, attempt_count, first_error, error_text) \
-    VALUES ($1, $2, $3, $4, $5, $6, 'failed', $7, $8, $9, 1, $10, $10) \
+     payload, headers, attempt_count, first_error, error_text, failed_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'failed', $7, $8, $9, 1, $10, $10, CURRENT_TIMESTAMP) \
     ON CONFLICT (consumer, handler, message_id) DO UPDATE \
     SET attempt_count = inbox_messages.attempt_count + 1, error_text = excluded.error_text, \
-        payload = excluded.payload, headers = excluded.headers, processed_at = NULL \
+        first_error = COALESCE(inbox_messages.first_error, excluded.first_error), \
+        payload = excluded.payload, headers = excluded.headers, processed_at = NULL, \
+        failed_at = CURRENT_TIMESTAMP \
     WHERE inbox_messages.status = 'failed' \
     RETURNING attempt_count";
 
@@ -473,8 +477,8 @@ const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
     SET resolution = $3, resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
 
-const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, error_text, \
-    attempt_count, resolution, resolved_by, resolved_reason \
+const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
+    error_text, attempt_count, resolution, resolved_by, resolved_reason \
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
 

@@ -2,6 +2,7 @@
 -- attempts and the first and last error, as `failed` (to be retried) or `dead` (given up).
 ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS attempt_count integer NOT NULL DEFAULT 0;
 ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS first_error text;
+ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS failed_at timestamptz;
 
 -- What an operator did about a dead message: replayed it or discarded it, who, why and when.
 ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS resolution text;
