@@ -89,10 +89,10 @@
 #![warn(missing_docs)]
 
 pub use inbox_core::{
-    Backend, Context, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Envelope, Error,
-    ExpiredGap, Handler, HandlerError, Headers, Identifier, Identity, MAX_ID_LEN, MIGRATIONS_TABLE,
-    Message, Ordering, Outcome, RejectedDelivery, RetryPolicy, SequenceNumber, StoredMessage,
-    migrate, schema, sqlite_options,
+    Backend, Context, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, DatabaseHandle, DeadLetterFilter,
+    Envelope, Error, ExpiredGap, Handler, HandlerError, Headers, Identifier, Identity, MAX_ID_LEN,
+    MIGRATIONS_TABLE, Message, Ordering, Outcome, RejectedDelivery, RetryPolicy, SequenceNumber,
+    StoredMessage, migrate, schema, sqlite_options,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;

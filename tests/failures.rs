@@ -9,7 +9,7 @@ macro_rules! failures_suite {
         use std::time::Duration;
 
         use inbox::prelude::*;
-        use inbox::{Error, MemoryBroker, RetryPolicy};
+        use inbox::{DeadLetterFilter, Error, MemoryBroker, RetryPolicy};
         use tokio::sync::Notify;
 
         /// A job whose `kind` says how its handler behaves.
@@ -195,6 +195,32 @@ macro_rules! failures_suite {
             let (by, why) = (Some("ops@example.com".to_owned()), Some("fixed in 1.2.3".to_owned()));
             assert_eq!(resolution, ("processed".into(), Some("replayed".into()), by, why));
             assert_eq!(fixed.dispatch(&poison).await.unwrap()[0].outcome, Outcome::Duplicate);
+        }
+
+        #[tokio::test]
+        async fn dead_letters_are_listed_by_handler_type_and_age() {
+            let Some(pool) = database("dead_filter").await else { return };
+            let inbox = inbox(&pool, quick(1)).await;
+            for (id, kind) in [("p-1", "poison"), ("p-2", "invalid")] {
+                inbox.dispatch(&envelope(&job(id, kind))).await.unwrap_err();
+            }
+            let count = |filter: DeadLetterFilter| {
+                let inbox = inbox.clone();
+                async move { inbox.dead_letters(&filter).await.unwrap().len() }
+            };
+            let all = DeadLetterFilter::default;
+
+            assert_eq!(count(all()).await, 2);
+            assert_eq!(count(all().handler("jobs")).await, 2);
+            assert_eq!(count(all().handler("other")).await, 0);
+            assert_eq!(count(all().message_type("test.job")).await, 2);
+            assert_eq!(count(all().message_type("test.other")).await, 0);
+            assert_eq!(count(all().failed_within(Duration::from_secs(3600))).await, 2);
+            sqlx::query("UPDATE inbox_messages SET failed_at = '2000-01-01 00:00:00' WHERE message_id = 'p-1'")
+                .execute(&pool)
+                .await
+                .unwrap();
+            assert_eq!(count(all().failed_within(Duration::from_secs(3600))).await, 1);
         }
 
         #[tokio::test]

@@ -5,6 +5,7 @@
 //! time window is written, and where the schema comes from.
 
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
@@ -126,6 +127,46 @@ pub struct StoredPayload {
     pub payload: Option<Vec<u8>>,
     /// The delivery's headers, as a JSON object.
     pub headers: Option<String>,
+}
+
+/// Which dead messages to list; every field narrows the list.
+///
+/// ```
+/// use std::time::Duration;
+/// use inbox_core::DeadLetterFilter;
+///
+/// let recent_billing = DeadLetterFilter::default()
+///     .handler("mark_paid")
+///     .message_type("order.paid")
+///     .failed_within(Duration::from_secs(24 * 3600));
+/// # let _ = recent_billing;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadLetterFilter {
+    handler: Option<String>,
+    message_type: Option<String>,
+    failed_within: Option<Duration>,
+}
+
+impl DeadLetterFilter {
+    /// Only this handler's.
+    pub fn handler(mut self, handler: impl Into<String>) -> Self {
+        self.handler = Some(handler.into());
+        self
+    }
+
+    /// Only messages of this type tag.
+    pub fn message_type(mut self, message_type: impl Into<String>) -> Self {
+        self.message_type = Some(message_type.into());
+        self
+    }
+
+    /// Only messages whose last failure is at most this old (which leaves out parked messages
+    /// whose gap timed out: they never failed).
+    pub fn failed_within(mut self, age: Duration) -> Self {
+        self.failed_within = Some(age);
+        self
+    }
 }
 
 /// A delivery that could not be handled at all, kept with its exact bytes.
@@ -365,6 +406,13 @@ pub trait Backend: sqlx::Database {
         resolution: &Resolution<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// The dead messages of `consumer` that match `filter`, by handler, aggregate and sequence.
+    fn dead_letters(
+        pool: &Pool<Self>,
+        consumer: &str,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<Vec<StoredMessage>, sqlx::Error>> + Send;
+
     /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
     fn list(
         pool: &Pool<Self>,
@@ -495,6 +543,7 @@ macro_rules! sql_backend {
         workers: $workers:literal,
         begin: |$pool:ident| $begin:expr,
         overdue: $overdue:literal,
+        since: $since:literal,
         migrations: $migrations:literal,
         ddl: [$($ddl:literal),*]
     ) => {
@@ -809,6 +858,29 @@ macro_rules! sql_backend {
                 Ok(resolved == 1)
             }
 
+            async fn dead_letters(
+                pool: &Pool<Self>,
+                consumer: &str,
+                filter: &DeadLetterFilter,
+            ) -> Result<Vec<StoredMessage>, sqlx::Error> {
+                const DEAD_LETTERS: &str = concat!(
+                    "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
+                     error_text, attempt_count, resolution, resolved_by, resolved_reason \
+                     FROM inbox_messages WHERE consumer = $1 AND status = 'dead' \
+                     AND ($2 IS NULL OR handler = $2) AND ($3 IS NULL OR message_type = $3) \
+                     AND ($4 IS NULL OR failed_at ",
+                    $since,
+                    ") ORDER BY handler, aggregate_id, sequence_number, message_id"
+                );
+                sqlx::query_as(DEAD_LETTERS)
+                    .bind(consumer)
+                    .bind(filter.handler.as_deref())
+                    .bind(filter.message_type.as_deref())
+                    .bind(filter.failed_within.map(|age| age.as_secs_f64()))
+                    .fetch_all(pool)
+                    .await
+            }
+
             async fn list(pool: &Pool<Self>, consumer: &str, status: &str) -> Result<Vec<StoredMessage>, sqlx::Error> {
                 sqlx::query_as(LIST).bind(consumer).bind(status).fetch_all(pool).await
             }
@@ -838,6 +910,7 @@ sql_backend!(
     workers: 4,
     begin: |pool| pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED"),
     overdue: "< now() - make_interval(secs => $3)",
+    since: ">= now() - make_interval(secs => $4)",
     migrations: "./migrations/postgres",
     ddl: [
         "../migrations/postgres/0001_inbox.sql",
@@ -850,6 +923,7 @@ sql_backend!(
     workers: 1,
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
     overdue: "< datetime('now', '-' || $3 || ' seconds')",
+    since: ">= datetime('now', '-' || $4 || ' seconds')",
     migrations: "./migrations/sqlite",
     ddl: [
         "../migrations/sqlite/0001_inbox.sql",

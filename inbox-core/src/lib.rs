@@ -15,8 +15,9 @@ mod outcome;
 mod retry;
 
 pub use backend::{
-    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage,
-    RejectedDelivery, Resolution, StoredMessage, StoredPayload, Stream, sqlite_options,
+    Backend, Claim, Claimed, DeadLetterFilter, Failure, MIGRATIONS_TABLE, MessageKey,
+    ParkedMessage, RejectedDelivery, Resolution, StoredMessage, StoredPayload, Stream,
+    sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;

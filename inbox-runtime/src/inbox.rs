@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use inbox_core::{
-    Backend, Envelope, Error, ExpiredGap, MessageKey, Outcome, RejectedDelivery, Resolution,
-    StoredMessage,
+    Backend, DeadLetterFilter, Envelope, Error, ExpiredGap, MessageKey, Outcome, RejectedDelivery,
+    Resolution, StoredMessage,
 };
 use sqlx::Pool;
 
@@ -164,9 +164,17 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// The dead messages: given up on after their last attempt or a permanent error, or parked
-    /// behind a gap that timed out; with their attempts and last error.
+    /// behind a gap that timed out; with their attempts and errors.
     pub async fn dead(&self) -> Result<Vec<StoredMessage>, Error> {
-        Ok(DB::list(&self.shared.pool, &self.shared.consumer, "dead").await?)
+        self.dead_letters(&DeadLetterFilter::default()).await
+    }
+
+    /// The dead messages that match `filter` (handler, type, how recently they failed).
+    pub async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<StoredMessage>, Error> {
+        Ok(DB::dead_letters(&self.shared.pool, &self.shared.consumer, filter).await?)
     }
 
     /// Replays the dead message `message_id` of `handler` through the normal guarded path, after
