@@ -231,6 +231,9 @@ pub struct StoredMessage {
     pub error_text: Option<String>,
     /// How many attempts failed.
     pub attempt_count: i32,
+    /// The canonical JSON encoding of the message, kept while it is parked, failed, dead or
+    /// discarded.
+    pub payload: Option<Vec<u8>>,
     /// What an operator did about it: `replayed` or `discarded`.
     pub resolution: Option<String>,
     /// Who did it.
@@ -526,7 +529,7 @@ const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
     WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
 
 const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
-    error_text, attempt_count, resolution, resolved_by, resolved_reason \
+    error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
 
@@ -865,7 +868,7 @@ macro_rules! sql_backend {
             ) -> Result<Vec<StoredMessage>, sqlx::Error> {
                 const DEAD_LETTERS: &str = concat!(
                     "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
-                     error_text, attempt_count, resolution, resolved_by, resolved_reason \
+                     error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
                      FROM inbox_messages WHERE consumer = $1 AND status = 'dead' \
                      AND ($2 IS NULL OR handler = $2) AND ($3 IS NULL OR message_type = $3) \
                      AND ($4 IS NULL OR failed_at ",
