@@ -186,6 +186,9 @@ macro_rules! failures_suite {
             assert_eq!((replayed, again), (Outcome::Processed, Outcome::Duplicate));
             assert_eq!(done(&pool).await, [("poison".into(), 1, None)], "applied once, as a first attempt");
             assert!(fixed.dead().await.unwrap().is_empty());
+            let shown = fixed.show("jobs", "poison").await.unwrap().unwrap();
+            assert_eq!((shown.status.as_str(), shown.resolution.as_deref()), ("processed", Some("replayed")));
+            assert_eq!(fixed.show("jobs", "nothing").await.unwrap(), None);
             let resolution: (String, Option<String>, Option<String>, Option<String>) = sqlx::query_as(
                 "SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = 'poison'",
             )

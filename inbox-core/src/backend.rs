@@ -416,6 +416,12 @@ pub trait Backend: sqlx::Database {
         filter: &DeadLetterFilter,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, sqlx::Error>> + Send;
 
+    /// One dedup row, as operators see it.
+    fn show(
+        pool: &Pool<Self>,
+        key: &MessageKey<'_>,
+    ) -> impl Future<Output = Result<Option<StoredMessage>, sqlx::Error>> + Send;
+
     /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
     fn list(
         pool: &Pool<Self>,
@@ -532,6 +538,10 @@ const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequ
     error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
     FROM inbox_messages WHERE consumer = $1 AND status = $2 \
     ORDER BY handler, aggregate_id, sequence_number, message_id";
+
+const SHOW: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
+    error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
+    FROM inbox_messages WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
 const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
     s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0";
@@ -881,6 +891,15 @@ macro_rules! sql_backend {
                     .bind(filter.message_type.as_deref())
                     .bind(filter.failed_within.map(|age| age.as_secs_f64()))
                     .fetch_all(pool)
+                    .await
+            }
+
+            async fn show(pool: &Pool<Self>, key: &MessageKey<'_>) -> Result<Option<StoredMessage>, sqlx::Error> {
+                sqlx::query_as(SHOW)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .fetch_optional(pool)
                     .await
             }
 

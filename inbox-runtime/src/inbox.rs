@@ -169,6 +169,21 @@ impl<DB: Backend> Inbox<DB> {
         self.dead_letters(&DeadLetterFilter::default()).await
     }
 
+    /// What the inbox holds about message `message_id` of `handler`: status, attempts, errors,
+    /// payload, and what an operator did about it.
+    pub async fn show(
+        &self,
+        handler: &str,
+        message_id: &str,
+    ) -> Result<Option<StoredMessage>, Error> {
+        let key = MessageKey {
+            consumer: &self.shared.consumer,
+            handler,
+            message_id,
+        };
+        Ok(DB::show(&self.shared.pool, &key).await?)
+    }
+
     /// The dead messages that match `filter` (handler, type, how recently they failed).
     pub async fn dead_letters(
         &self,
