@@ -98,16 +98,6 @@ macro_rules! failures_suite {
             Envelope::encode(format!("delivery-{}", job.id), job).unwrap()
         }
 
-        async fn eventually(what: &str, done: impl Fn() -> bool) {
-            for _ in 0..2_000 {
-                if done() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            panic!("timed out waiting until {what}");
-        }
-
         #[tokio::test]
         async fn a_handler_failing_twice_succeeds_on_its_third_attempt() {
             let Some(pool) = database("flaky").await else { return };
@@ -324,12 +314,12 @@ macro_rules! failures_suite {
                 let broker = broker.clone();
                 let pool = pool.clone();
                 async move {
-                    eventually("the handler is running", || AT_GATE.load(Ordering::SeqCst)).await;
+                    $crate::common::eventually("the handler is running", || AT_GATE.load(Ordering::SeqCst)).await;
                     let closing = pool.clone();
                     tokio::spawn(async move { closing.close().await });
-                    eventually("the pool refuses new connections", || pool.is_closed()).await;
+                    $crate::common::eventually("the pool refuses new connections", || pool.is_closed()).await;
                     GATE.notify_one();
-                    eventually("the delivery was handed back", || broker.redelivered() >= 1).await;
+                    $crate::common::eventually("the delivery was handed back", || broker.redelivered() >= 1).await;
                 }
             };
 

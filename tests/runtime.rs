@@ -47,17 +47,6 @@ macro_rules! runtime_suite {
             Envelope::encode(format!("delivery-{}", event.event_id), event).expect("encode")
         }
 
-        /// Waits (bounded) until `done` holds.
-        async fn eventually(what: &str, done: impl Fn() -> bool) {
-            for _ in 0..2_000 {
-                if done() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            panic!("timed out waiting until {what}");
-        }
-
         #[tokio::test]
         async fn dispatch_runs_every_handler_of_the_type() {
             let Some(pool) = ledger("dispatch_every_handler").await else { return };
@@ -157,7 +146,7 @@ macro_rules! runtime_suite {
                 let source = broker.source();
                 async move { inbox.run(source).await }
             });
-            eventually("the failing delivery came back three times", || broker.redelivered() >= 3).await;
+            $crate::common::eventually("the failing delivery came back three times", || broker.redelivered() >= 3).await;
             assert_eq!(status(&pool, "credit", "e-1").await.as_deref(), Some("failed"));
             freeze(&pool, "acct", false).await;
             let report = run.await.unwrap().unwrap();
@@ -186,7 +175,7 @@ macro_rules! runtime_suite {
             }
             let stop = {
                 let broker = broker.clone();
-                async move { eventually("the good ones are done and the poison came back", || broker.acked() == 5 && broker.redelivered() >= 2).await }
+                async move { $crate::common::eventually("the good ones are done and the poison came back", || broker.acked() == 5 && broker.redelivered() >= 2).await }
             };
             let report = inbox.run_until(broker.source(), stop).await.unwrap();
 
@@ -230,7 +219,7 @@ macro_rules! runtime_suite {
 
             let stop = {
                 let broker = broker.clone();
-                async move { eventually("some deliveries were acknowledged", || broker.acked() >= 20).await }
+                async move { $crate::common::eventually("some deliveries were acknowledged", || broker.acked() >= 20).await }
             };
             let report = inbox.run_until(broker.source(), stop).await.unwrap();
 

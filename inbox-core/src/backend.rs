@@ -534,14 +534,23 @@ const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
     SET resolution = $3, resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
 
-const LIST: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
-    error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
-    FROM inbox_messages WHERE consumer = $1 AND status = $2 \
-    ORDER BY handler, aggregate_id, sequence_number, message_id";
+/// The columns of a [`StoredMessage`], for `concat!`.
+macro_rules! stored_message {
+    () => {
+        "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
+         error_text, attempt_count, payload, resolution, resolved_by, resolved_reason FROM inbox_messages "
+    };
+}
 
-const SHOW: &str = "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
-    error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
-    FROM inbox_messages WHERE consumer = $1 AND handler = $2 AND message_id = $3";
+const LIST: &str = concat!(
+    stored_message!(),
+    "WHERE consumer = $1 AND status = $2 ORDER BY handler, aggregate_id, sequence_number, message_id"
+);
+
+const SHOW: &str = concat!(
+    stored_message!(),
+    "WHERE consumer = $1 AND handler = $2 AND message_id = $3"
+);
 
 const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
     s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0";
@@ -877,9 +886,8 @@ macro_rules! sql_backend {
                 filter: &DeadLetterFilter,
             ) -> Result<Vec<StoredMessage>, sqlx::Error> {
                 const DEAD_LETTERS: &str = concat!(
-                    "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
-                     error_text, attempt_count, payload, resolution, resolved_by, resolved_reason \
-                     FROM inbox_messages WHERE consumer = $1 AND status = 'dead' \
+                    stored_message!(),
+                    "WHERE consumer = $1 AND status = 'dead' \
                      AND ($2 IS NULL OR handler = $2) AND ($3 IS NULL OR message_type = $3) \
                      AND ($4 IS NULL OR failed_at ",
                     $since,

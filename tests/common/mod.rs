@@ -93,3 +93,14 @@ pub fn shuffle<T>(items: &mut [T], seed: u64) {
         items.swap(i, (state % (i as u64 + 1)) as usize);
     }
 }
+
+/// Waits, for ten seconds at most, until `done` holds; panics saying `what` it waited for.
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..2_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
