@@ -845,7 +845,7 @@ macro_rules! sql_backend {
                 envelope: &Envelope,
                 reason: &str,
             ) -> Result<i64, sqlx::Error> {
-                let headers = serde_json::to_string(envelope.headers()).unwrap_or_else(|_| "{}".to_owned());
+                let headers = crate::handler::headers_to_json(envelope.headers());
                 sqlx::query_scalar(REJECT)
                     .bind(consumer)
                     .bind(envelope.message_type())

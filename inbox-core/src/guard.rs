@@ -105,7 +105,6 @@ async fn guard<DB: Backend, H: Handler<DB>>(
         sequence: identity.sequence(),
         payload_hash: &payload_hash,
     };
-    let headers = headers_json(delivery.headers)?;
     let mut tx = DB::begin(pool).await?;
     let attempt = match DB::claim(&mut tx, &claim).await? {
         Claimed::New => 1,
@@ -124,6 +123,7 @@ async fn guard<DB: Backend, H: Handler<DB>>(
             Outcome::Stale
         }
         Position::Ahead => {
+            let headers = headers_json(delivery.headers);
             DB::park(&mut tx, &claim.key(), &encoded, &headers).await?;
             Outcome::Parked
         }
@@ -142,7 +142,7 @@ async fn guard<DB: Backend, H: Handler<DB>>(
                 Err(error) => {
                     let failure = Failure {
                         payload: &encoded,
-                        headers: &headers,
+                        headers: &headers_json(delivery.headers),
                         error: &error.to_string(),
                     };
                     let recorded = record_failure(
@@ -163,9 +163,10 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     Ok(outcome)
 }
 
-fn headers_json(headers: Option<&Headers>) -> Result<String, Error> {
-    serde_json::to_string(&headers.cloned().unwrap_or_default())
-        .map_err(|e| Error::Encode(e.to_string()))
+fn headers_json(headers: Option<&Headers>) -> String {
+    headers
+        .map(crate::handler::headers_to_json)
+        .unwrap_or_else(|| "{}".to_owned())
 }
 
 /// Records a failed attempt in a transaction of its own, after the attempt's rolled back, and

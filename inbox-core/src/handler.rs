@@ -97,6 +97,12 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
 /// Headers of the delivery that carried a message, passed to the handler's [`Context`].
 pub type Headers = BTreeMap<String, String>;
 
+/// Headers as the JSON object they are stored as.
+pub(crate) fn headers_to_json(headers: &Headers) -> String {
+    // A map of strings always encodes; the fallback only keeps this total.
+    serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
+}
+
 /// The return type of a handler function: `Result<(), E>` where `E` converts into
 /// [`HandlerError`].
 #[doc(hidden)]
