@@ -100,7 +100,8 @@ pub use inbox_runtime::*;
 /// Everything a handler module needs: `use inbox::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Context, Envelope, Handler, HandlerError, Inbox, Message, Outcome, inbox_handler,
+        Context, Envelope, Handler, HandlerError, Inbox, Message, Outcome, RetryPolicy,
+        inbox_handler,
     };
     pub use serde::{Deserialize, Serialize};
     pub use uuid::Uuid;

@@ -69,6 +69,8 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     /// Guards and handles one message in one transaction, for the [`DEFAULT_CONSUMER`]: dedup,
     /// ordering guard, the user's writes, then commit. Under strict ordering, the parked
     /// successors it unblocks are applied too, each in its own transaction, before this returns.
+    /// A failure is recorded under [`RetryPolicy::default`] and returned as [`Error::Handler`],
+    /// which says when to call again, or that the message is now dead.
     fn process<'a>(
         &'a self,
         pool: &'a Pool<DB>,
