@@ -7,6 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt;
+use tracing::{Instrument, Span};
 
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
@@ -59,7 +60,12 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
         headers,
         retry,
     };
-    let outcome = guard(pool, handler, message, &delivery).await?;
+    let span = message_span(&delivery, handler.name(), H::Message::TYPE);
+    let guarded = guard(pool, handler, message, &delivery)
+        .instrument(span.clone())
+        .await;
+    span.record("inbox.outcome", outcome_label(&guarded));
+    let outcome = guarded?;
     let released = match (handler.ordering(), identity.aggregate()) {
         (Ordering::Strict { .. }, Some(aggregate)) => {
             release_logged(pool, consumer, handler, aggregate).await
@@ -117,6 +123,7 @@ async fn guard<DB: Backend, H: Handler<DB>>(
             return Ok(seen_outcome(&claim, &payload_hash, &status));
         }
     };
+    tracing::Span::current().record("inbox.attempt", attempt);
     let outcome = match position(&mut tx, &claim, handler.ordering()).await? {
         Position::Stale => {
             DB::settle(&mut tx, &claim.key(), "stale").await?;
@@ -161,6 +168,52 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     };
     tx.commit().await?;
     Ok(outcome)
+}
+
+/// The span of one handled message, named and attributed after the OpenTelemetry messaging
+/// conventions, plus the inbox's own `inbox.*` fields. `messaging.destination.name` and the
+/// conversation id come from the `destination` and `correlation-id` headers when present;
+/// `inbox.attempt` and `inbox.outcome` are recorded as they become known.
+fn message_span(
+    delivery: &Delivery<'_>,
+    handler: &'static str,
+    message_type: &'static str,
+) -> Span {
+    let header = |name: &str| {
+        delivery
+            .headers
+            .and_then(|headers| headers.get(name))
+            .map(String::as_str)
+    };
+    let identity = delivery.identity;
+    tracing::info_span!(
+        "inbox.process",
+        otel.kind = "consumer",
+        messaging.operation.type = "process",
+        messaging.operation.name = "process",
+        messaging.message.id = identity.message_id(),
+        messaging.consumer.group.name = delivery.consumer,
+        messaging.destination.name = header("destination"),
+        messaging.message.conversation_id = header("correlation-id"),
+        inbox.handler = handler,
+        inbox.message_type = message_type,
+        inbox.aggregate = identity.aggregate(),
+        inbox.sequence = identity.sequence(),
+        inbox.attempt = tracing::field::Empty,
+        inbox.outcome = tracing::field::Empty,
+    )
+}
+
+/// The `inbox.outcome` of a guarded message, failures included.
+fn outcome_label(guarded: &Result<Outcome, Error>) -> &'static str {
+    match guarded {
+        Ok(outcome) => outcome.as_str(),
+        Err(Error::Handler {
+            retry_after: None, ..
+        }) => Outcome::Dead.as_str(),
+        Err(Error::Handler { .. }) => Outcome::Retrying.as_str(),
+        Err(_) => "error",
+    }
 }
 
 fn headers_json(headers: Option<&Headers>) -> String {

@@ -1,0 +1,117 @@
+//! The span of a handled message carries the OpenTelemetry messaging attributes and the inbox's
+//! own, including the attempt and the outcome once they are known.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use inbox::prelude::*;
+use tracing::Subscriber;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+#[message(name = "test.paid")]
+struct Paid {
+    event_id: String,
+    order: String,
+    sequence: i64,
+}
+
+#[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order")]
+async fn paid(_msg: Paid) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+/// The fields of every `inbox.process` span, as text, by span.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<BTreeMap<String, String>>>>);
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: LayerContext<'_, S>) {
+        if attrs.metadata().name() == "inbox.process" {
+            let mut fields = BTreeMap::from([("span.id".to_owned(), id.into_u64().to_string())]);
+            attrs.record(&mut Fields(&mut fields));
+            self.0.lock().unwrap().push(fields);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, _: LayerContext<'_, S>) {
+        let mut spans = self.0.lock().unwrap();
+        let span_id = id.into_u64().to_string();
+        if let Some(fields) = spans
+            .iter_mut()
+            .rev()
+            .find(|fields| fields["span.id"] == span_id)
+        {
+            values.record(&mut Fields(fields));
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_message_has_a_span_with_the_messaging_conventions() {
+    let pool = common::sqlite("tracing_span").await.unwrap();
+    let spans = Spans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let inbox = Inbox::builder(pool)
+        .consumer("billing")
+        .handler(paid)
+        .build()
+        .await
+        .unwrap();
+    let event = Paid {
+        event_id: "e-1".into(),
+        order: "o-7".into(),
+        sequence: 3,
+    };
+    let envelope = Envelope::encode("d-1", &event)
+        .unwrap()
+        .with_header("correlation-id", "c-42")
+        .with_header("destination", "orders");
+
+    inbox.dispatch(&envelope).await.unwrap();
+    inbox.dispatch(&envelope).await.unwrap();
+
+    let spans = spans.0.lock().unwrap().clone();
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let expected = [
+        ("messaging.operation.type", "process"),
+        ("messaging.message.id", "e-1"),
+        ("messaging.consumer.group.name", "billing"),
+        ("messaging.destination.name", "orders"),
+        ("messaging.message.conversation_id", "c-42"),
+        ("inbox.handler", "paid"),
+        ("inbox.message_type", "test.paid"),
+        ("inbox.aggregate", "o-7"),
+        ("inbox.sequence", "3"),
+        ("inbox.attempt", "1"),
+        ("inbox.outcome", "processed"),
+    ];
+    for (field, value) in expected {
+        assert_eq!(
+            spans[0].get(field).map(String::as_str),
+            Some(value),
+            "{field} in {:?}",
+            spans[0]
+        );
+    }
+    assert_eq!(spans[1]["inbox.outcome"], "duplicate");
+}
