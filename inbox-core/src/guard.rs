@@ -4,7 +4,7 @@
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tracing::{Instrument, Span};
@@ -64,7 +64,9 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     let guarded = guard(pool, handler, message, &delivery)
         .instrument(span.clone())
         .await;
-    span.record("inbox.outcome", outcome_label(&guarded));
+    let label = outcome_label(&guarded);
+    span.record("inbox.outcome", label);
+    count_outcome(consumer, handler.name(), label, 1);
     let outcome = guarded?;
     let released = match (handler.ordering(), identity.aggregate()) {
         (Ordering::Strict { .. }, Some(aggregate)) => {
@@ -72,7 +74,25 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
         }
         _ => 0,
     };
+    count_outcome(
+        consumer,
+        handler.name(),
+        Outcome::Released.as_str(),
+        released,
+    );
     Ok(Guarded { outcome, released })
+}
+
+/// `inbox_messages_total{consumer, handler, outcome}`: every outcome, failures included.
+fn count_outcome(consumer: &str, handler: &'static str, outcome: &'static str, count: u32) {
+    if count > 0 {
+        let labels = [
+            ("consumer", consumer.to_owned()),
+            ("handler", handler.to_owned()),
+            ("outcome", outcome.to_owned()),
+        ];
+        metrics::counter!("inbox_messages_total", &labels).increment(u64::from(count));
+    }
 }
 
 /// What the guard knows about one delivery besides the message.
@@ -321,10 +341,13 @@ async fn run_handler<DB: Backend, H: Handler<DB>>(
     message: H::Message,
 ) -> Result<Transaction<'static, DB>, HandlerError> {
     let mut ctx = Context::new(tx, consumer, handler.name(), identity, headers, attempt);
+    let started = Instant::now();
     let handled = AssertUnwindSafe(handler.handle(&mut ctx, message))
         .catch_unwind()
         .await
         .unwrap_or_else(|panic| Err(HandlerError::msg(panic_message(&*panic))));
+    metrics::histogram!("inbox_handler_duration_seconds", "handler" => handler.name())
+        .record(started.elapsed().as_secs_f64());
     let tx = ctx.into_transaction();
     match handled {
         Ok(()) => Ok(tx),

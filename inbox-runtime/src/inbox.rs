@@ -346,6 +346,12 @@ impl<DB: Backend> Shared<DB> {
             let gaps =
                 inbox_core::expire_gaps(&self.pool, &self.consumer, name, strict.gap_timeout)
                     .await?;
+            let messages = gaps.iter().map(|gap| gap.messages.unsigned_abs()).sum();
+            let labels = [
+                ("consumer", self.consumer.clone()),
+                ("handler", name.to_owned()),
+            ];
+            metrics::counter!("inbox_gap_expired_total", &labels).increment(messages);
             expired.extend(gaps.into_iter().map(|gap| (name, gap)));
         }
         Ok(expired)

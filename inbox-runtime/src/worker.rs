@@ -121,7 +121,10 @@ async fn route<DB: Backend, S: Source>(
             permit = queue.reserve() => permit,
         };
         match permit {
-            Ok(permit) => permit.send(Work { delivery, jobs }),
+            Ok(permit) => {
+                in_flight(&shared.consumer).increment(1.0);
+                permit.send(Work { delivery, jobs });
+            }
             // The worker is gone only if it panicked; joining it re-raises that panic.
             Err(_) => return Ok(()),
         }
@@ -155,12 +158,18 @@ async fn reject<DB: Backend>(
             "no handler for this type; acknowledged"
         );
         report.unknown_acknowledged += 1;
+        metrics::counter!("inbox_unknown_types_total", "consumer" => shared.consumer.clone())
+            .increment(1);
         Ok(())
     } else {
         tracing::warn!(id = envelope.id(), message_type = envelope.message_type(), %error, "delivery rejected");
         DB::reject(&shared.pool, &shared.consumer, envelope, &error.to_string())
             .await
-            .map(|_| report.rejected += 1)
+            .map(|_| {
+                report.rejected += 1;
+                metrics::counter!("inbox_rejected_total", "consumer" => shared.consumer.clone())
+                    .increment(1);
+            })
     };
     let settled = match kept {
         Ok(()) => delivery.ack().await,
@@ -215,11 +224,17 @@ async fn handle_all<DB: Backend>(
                 delivery.nack(delay).await
             }
         };
+        in_flight(&shared.consumer).decrement(1.0);
         if let Err(error) = settled {
             tracing::warn!(%error, "settling a delivery failed; the broker will redeliver it");
         }
     }
     report
+}
+
+/// `inbox_in_flight{consumer}`: deliveries pulled from the source and not settled yet.
+fn in_flight(consumer: &str) -> metrics::Gauge {
+    metrics::gauge!("inbox_in_flight", "consumer" => consumer.to_owned())
 }
 
 /// What to tell the broker about a delivery.

@@ -1,0 +1,155 @@
+//! The metrics a scripted run leaves behind, read through a recorder installed for this test
+//! binary: a counter per outcome, the handler duration, rejected deliveries and the in-flight gauge.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use inbox::prelude::*;
+use inbox::{MemoryBroker, RetryPolicy};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+#[message(name = "test.step")]
+struct Step {
+    id: String,
+    stream: String,
+    sequence: i64,
+    fail: bool,
+}
+
+fn step(id: &str, stream: &str, sequence: i64) -> Step {
+    Step {
+        id: id.into(),
+        stream: stream.into(),
+        sequence,
+        fail: false,
+    }
+}
+
+#[inbox_handler(
+    key = "id",
+    sequence = "sequence",
+    aggregate = "stream",
+    ordering = "strict"
+)]
+async fn strict_steps(msg: Step) -> Result<(), HandlerError> {
+    match msg.fail {
+        true => Err(HandlerError::msg("this step always fails")),
+        false => Ok(()),
+    }
+}
+
+#[inbox_handler(key = "id", sequence = "sequence", aggregate = "stream")]
+async fn monotonic_steps(_msg: Step) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_scripted_run_counts_every_outcome() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    let pool = common::sqlite("metrics").await.unwrap();
+    let retry = RetryPolicy::new(2).backoff(Duration::from_millis(1), Duration::from_millis(1));
+    let inbox = Inbox::builder(pool.clone())
+        .consumer("billing")
+        .retry(retry)
+        .handler(strict_steps)
+        .build()
+        .await
+        .unwrap();
+    let monotonic = Inbox::builder(pool)
+        .consumer("billing")
+        .handler(monotonic_steps)
+        .build()
+        .await
+        .unwrap();
+    let send = |inbox: &Inbox<sqlx::Sqlite>, step: Step| {
+        let inbox = inbox.clone();
+        async move { inbox.dispatch(&Envelope::encode("d", &step).unwrap()).await }
+    };
+
+    send(&inbox, step("s-2", "a", 2)).await.unwrap(); // parked
+    send(&inbox, step("s-1", "a", 1)).await.unwrap(); // processed, releases s-2
+    send(&inbox, step("s-1", "a", 1)).await.unwrap(); // duplicate
+    send(
+        &inbox,
+        Step {
+            sequence: 9,
+            ..step("s-1", "a", 1)
+        },
+    )
+    .await
+    .unwrap(); // conflict
+    let poison = Step {
+        fail: true,
+        ..step("p-1", "b", 1)
+    };
+    send(&inbox, poison.clone()).await.unwrap_err(); // retrying
+    send(&inbox, poison).await.unwrap_err(); // dead
+    send(&monotonic, step("m-2", "c", 2)).await.unwrap(); // processed
+    send(&monotonic, step("m-1", "c", 1)).await.unwrap(); // stale
+    let broker = MemoryBroker::new();
+    broker.publish(Envelope::new("test.unknown", "d-9", b"{}".to_vec())); // rejected
+    broker.publish(Envelope::encode("d-10", &step("r-1", "d", 1)).unwrap()); // processed
+    broker.close();
+    inbox.run(broker.source()).await.unwrap();
+
+    let mut outcomes = BTreeMap::new();
+    let mut named = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        match (key.name(), value) {
+            ("inbox_messages_total", DebugValue::Counter(n)) => {
+                let at = (label("handler").unwrap(), label("outcome").unwrap());
+                *outcomes.entry(at).or_insert(0) += n;
+            }
+            ("inbox_handler_duration_seconds", DebugValue::Histogram(samples)) => {
+                named.insert(
+                    format!("duration {}", label("handler").unwrap()),
+                    samples.len() as u64,
+                );
+            }
+            ("inbox_rejected_total", DebugValue::Counter(n)) => {
+                _ = named.insert("rejected".into(), n)
+            }
+            ("inbox_in_flight", DebugValue::Gauge(n)) => {
+                _ = named.insert("in flight".into(), n.into_inner() as u64)
+            }
+            _ => {}
+        }
+    }
+    let expected = [
+        (("strict_steps", "parked"), 1),
+        (("strict_steps", "processed"), 2),
+        (("strict_steps", "released"), 1),
+        (("strict_steps", "duplicate"), 1),
+        (("strict_steps", "conflict"), 1),
+        (("strict_steps", "retrying"), 1),
+        (("strict_steps", "dead"), 1),
+        (("monotonic_steps", "processed"), 1),
+        (("monotonic_steps", "stale"), 1),
+    ];
+    let expected: BTreeMap<_, _> = expected
+        .into_iter()
+        .map(|((h, o), n)| ((h.to_owned(), o.to_owned()), n))
+        .collect();
+    assert_eq!(outcomes, expected);
+    assert_eq!(named.get("rejected"), Some(&1));
+    assert_eq!(
+        named.get("in flight"),
+        Some(&0),
+        "settled deliveries leave the gauge"
+    );
+    let ran = "s-1, s-2, r-1 and the two failed attempts ran the handler";
+    assert_eq!(named.get("duration strict_steps"), Some(&5), "{ran}");
+}
