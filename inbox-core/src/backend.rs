@@ -242,6 +242,67 @@ pub struct StoredMessage {
     pub resolved_reason: Option<String>,
 }
 
+/// The dedup rows of one handler of one consumer, by status.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct HandlerStatus {
+    /// The consumer group.
+    pub consumer: String,
+    /// The handler (dedup scope).
+    pub handler: String,
+    /// Handled.
+    pub processed: i64,
+    /// Skipped as older than their aggregate's last applied sequence.
+    pub stale: i64,
+    /// Waiting for a predecessor (strict ordering).
+    pub parked: i64,
+    /// Failed, to be retried.
+    pub failed: i64,
+    /// Given up on: dead letters.
+    pub dead: i64,
+    /// Dead letters an operator discarded.
+    pub discarded: i64,
+    /// How long the oldest parked message has waited, in seconds.
+    pub oldest_parked_secs: Option<f64>,
+}
+
+/// What a purge with a given window would do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct PurgePreview {
+    /// Processed and stale rows older than the window: the ones a purge deletes.
+    pub purgeable: i64,
+    /// Parked messages older than the window, which a purge keeps.
+    pub parked: i64,
+    /// Dead letters older than the window, which a purge keeps.
+    pub dead: i64,
+}
+
+/// The right to purge, held by one instance at a time (see [`Backend::lead_purge`]).
+///
+/// On PostgreSQL it holds the connection that owns the advisory lock; the lock goes when
+/// [`PurgeLeader::step_down`] closes it, or when the connection drops.
+pub struct PurgeLeader<DB: sqlx::Database> {
+    lock: Option<DB::Connection>,
+}
+
+impl<DB: sqlx::Database> PurgeLeader<DB> {
+    /// Gives the right to purge back.
+    pub async fn step_down(self) -> Result<(), sqlx::Error> {
+        use sqlx::Connection;
+        match self.lock {
+            Some(lock) => lock.close().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for PurgeLeader<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PurgeLeader")
+            .field("locked", &self.lock.is_some())
+            .finish()
+    }
+}
+
 /// A database the inbox can guard messages in.
 ///
 /// Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`].
@@ -429,6 +490,56 @@ pub trait Backend: sqlx::Database {
         status: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, sqlx::Error>> + Send;
 
+    /// The message ids of `handler` that an operator asked to replay (failed, resolution
+    /// `replayed`), by aggregate and sequence; at most `limit`.
+    fn replays_requested(
+        pool: &Pool<Self>,
+        consumer: &str,
+        handler: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+
+    /// `(handler, status, count)` of the parked and dead messages of `consumer`.
+    fn backlog(
+        pool: &Pool<Self>,
+        consumer: &str,
+    ) -> impl Future<Output = Result<Vec<(String, String, i64)>, sqlx::Error>> + Send;
+
+    /// The dedup rows of every consumer and handler, by status.
+    fn status(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<HandlerStatus>, sqlx::Error>> + Send;
+
+    /// `(consumer, deliveries)` of the rejected deliveries no operator resolved yet.
+    fn rejected_counts(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
+
+    /// The space the inbox takes, in bytes (PostgreSQL: its tables with their indexes; SQLite:
+    /// the whole database file).
+    fn storage_bytes(pool: &Pool<Self>) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// What a purge of rows older than `older_than_secs` would delete, and what it keeps.
+    fn purge_preview(
+        pool: &Pool<Self>,
+        older_than_secs: f64,
+    ) -> impl Future<Output = Result<PurgePreview, sqlx::Error>> + Send;
+
+    /// Deletes at most `limit` processed or stale rows older than `older_than_secs`, oldest
+    /// first, through the index on `processed_at`, in one short transaction. Returns how many.
+    fn purge_batch(
+        pool: &Pool<Self>,
+        older_than_secs: f64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Takes the right to purge if no other instance holds it: an advisory lock on PostgreSQL
+    /// (per inbox table, so schemas sharing a database do not contend); on SQLite, whose writers
+    /// take turns anyway, always granted.
+    fn lead_purge(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Option<PurgeLeader<Self>>, sqlx::Error>> + Send;
+
     /// Applies the inbox schema migrations that have not run yet.
     fn migrate(
         pool: &Pool<Self>,
@@ -534,6 +645,16 @@ const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
     SET resolution = $3, resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
 
+const REPLAYS_REQUESTED: &str = "SELECT message_id FROM inbox_messages \
+    WHERE consumer = $1 AND handler = $2 AND status = 'failed' AND resolution = 'replayed' \
+    ORDER BY aggregate_id, sequence_number, message_id LIMIT $3";
+
+const BACKLOG: &str = "SELECT handler, status, COUNT(*) FROM inbox_messages \
+    WHERE consumer = $1 AND status IN ('parked', 'dead') GROUP BY handler, status";
+
+const REJECTED_COUNTS: &str = "SELECT consumer, COUNT(*) FROM inbox_rejected \
+    WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer";
+
 /// The columns of a [`StoredMessage`], for `concat!`.
 macro_rules! stored_message {
     () => {
@@ -566,6 +687,11 @@ macro_rules! sql_backend {
         begin: |$pool:ident| $begin:expr,
         overdue: $overdue:literal,
         since: $since:literal,
+        age: $age:literal,
+        older: $older:literal,
+        skip_locked: $skip_locked:literal,
+        storage: $storage:literal,
+        lead: |$lead_pool:ident| $lead:expr,
         migrations: $migrations:literal,
         ddl: [$($ddl:literal),*]
     ) => {
@@ -915,6 +1041,77 @@ macro_rules! sql_backend {
                 sqlx::query_as(LIST).bind(consumer).bind(status).fetch_all(pool).await
             }
 
+            async fn replays_requested(
+                pool: &Pool<Self>,
+                consumer: &str,
+                handler: &str,
+                limit: i64,
+            ) -> Result<Vec<String>, sqlx::Error> {
+                sqlx::query_scalar(REPLAYS_REQUESTED).bind(consumer).bind(handler).bind(limit).fetch_all(pool).await
+            }
+
+            async fn backlog(pool: &Pool<Self>, consumer: &str) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+                sqlx::query_as(BACKLOG).bind(consumer).fetch_all(pool).await
+            }
+
+            async fn status(pool: &Pool<Self>) -> Result<Vec<HandlerStatus>, sqlx::Error> {
+                const STATUS: &str = concat!(
+                    "SELECT consumer, handler, \
+                     SUM(CASE WHEN status = 'processed' THEN 1 ELSE 0 END) AS processed, \
+                     SUM(CASE WHEN status = 'stale' THEN 1 ELSE 0 END) AS stale, \
+                     SUM(CASE WHEN status = 'parked' THEN 1 ELSE 0 END) AS parked, \
+                     SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) AS failed, \
+                     SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS dead, \
+                     SUM(CASE WHEN status = 'discarded' THEN 1 ELSE 0 END) AS discarded, \
+                     MAX(CASE WHEN status = 'parked' THEN ",
+                    $age,
+                    " END) AS oldest_parked_secs \
+                     FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler"
+                );
+                sqlx::query_as(STATUS).fetch_all(pool).await
+            }
+
+            async fn rejected_counts(pool: &Pool<Self>) -> Result<Vec<(String, i64)>, sqlx::Error> {
+                sqlx::query_as(REJECTED_COUNTS).fetch_all(pool).await
+            }
+
+            async fn storage_bytes(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
+                sqlx::query_scalar($storage).fetch_one(pool).await
+            }
+
+            async fn purge_preview(pool: &Pool<Self>, older_than_secs: f64) -> Result<PurgePreview, sqlx::Error> {
+                const PREVIEW: &str = concat!(
+                    "SELECT \
+                     (SELECT COUNT(*) FROM inbox_messages WHERE status IN ('processed', 'stale') AND processed_at ",
+                    $older,
+                    ") AS purgeable, (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' AND received_at ",
+                    $older,
+                    ") AS parked, (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
+                     AND COALESCE(failed_at, received_at) ",
+                    $older,
+                    ") AS dead"
+                );
+                sqlx::query_as(PREVIEW).bind(older_than_secs).fetch_one(pool).await
+            }
+
+            async fn purge_batch(pool: &Pool<Self>, older_than_secs: f64, limit: i64) -> Result<u64, sqlx::Error> {
+                const PURGE_BATCH: &str = concat!(
+                    "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN (\
+                     SELECT consumer, handler, message_id FROM inbox_messages \
+                     WHERE status IN ('processed', 'stale') AND processed_at ",
+                    $older,
+                    " ORDER BY processed_at LIMIT $2",
+                    $skip_locked,
+                    ")"
+                );
+                let purged = sqlx::query(PURGE_BATCH).bind(older_than_secs).bind(limit).execute(pool).await?;
+                Ok(purged.rows_affected())
+            }
+
+            async fn lead_purge($lead_pool: &Pool<Self>) -> Result<Option<PurgeLeader<Self>>, sqlx::Error> {
+                $lead
+            }
+
             async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
                 let embedded = sqlx::migrate!($migrations);
                 let mut migrator = Migrator::with_migrations(embedded.migrations.to_vec());
@@ -941,11 +1138,18 @@ sql_backend!(
     begin: |pool| pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED"),
     overdue: "< now() - make_interval(secs => $3)",
     since: ">= now() - make_interval(secs => $4)",
+    age: "EXTRACT(EPOCH FROM now() - received_at)::float8",
+    older: "< now() - make_interval(secs => $1)",
+    skip_locked: " FOR UPDATE SKIP LOCKED",
+    storage: "SELECT (pg_total_relation_size('inbox_messages') + pg_total_relation_size('inbox_streams') \
+              + pg_total_relation_size('inbox_rejected'))::int8",
+    lead: |pool| lead_with_advisory_lock(pool).await,
     migrations: "./migrations/postgres",
     ddl: [
         "../migrations/postgres/0001_inbox.sql",
         "../migrations/postgres/0002_strict_ordering.sql",
-        "../migrations/postgres/0003_failures.sql"
+        "../migrations/postgres/0003_failures.sql",
+        "../migrations/postgres/0004_operations.sql"
     ]
 );
 sql_backend!(
@@ -954,13 +1158,40 @@ sql_backend!(
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
     overdue: "< datetime('now', '-' || $3 || ' seconds')",
     since: ">= datetime('now', '-' || $4 || ' seconds')",
+    age: "(julianday('now') - julianday(received_at)) * 86400.0",
+    older: "< datetime('now', '-' || $1 || ' seconds')",
+    skip_locked: "",
+    storage: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+    lead: |_pool| Ok(Some(PurgeLeader { lock: None })),
     migrations: "./migrations/sqlite",
     ddl: [
         "../migrations/sqlite/0001_inbox.sql",
         "../migrations/sqlite/0002_strict_ordering.sql",
-        "../migrations/sqlite/0003_failures.sql"
+        "../migrations/sqlite/0003_failures.sql",
+        "../migrations/sqlite/0004_operations.sql"
     ]
 );
+
+/// Takes the PostgreSQL advisory lock that elects the purging instance, on a connection of its
+/// own that leaves the pool, so the lock lives exactly as long as that connection.
+async fn lead_with_advisory_lock(
+    pool: &Pool<Postgres>,
+) -> Result<Option<PurgeLeader<Postgres>>, sqlx::Error> {
+    /// The lock's first key, "inbx"; the second is the inbox table's oid.
+    const PURGE_LOCK_CLASS: i32 = 0x696e_6278;
+    let mut lock = pool.acquire().await?.detach();
+    let led: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_lock($1, 'inbox_messages'::regclass::oid::int4)",
+    )
+    .bind(PURGE_LOCK_CLASS)
+    .fetch_one(&mut lock)
+    .await?;
+    if led {
+        return Ok(Some(PurgeLeader { lock: Some(lock) }));
+    }
+    sqlx::Connection::close(lock).await?;
+    Ok(None)
+}
 
 /// Connection options for an embedded SQLite database as the inbox wants it: write-ahead log,
 /// `synchronous = FULL` (a commit is on disk before the delivery is acknowledged), a busy timeout

@@ -1,6 +1,7 @@
 //! What a broker hands over: a type tag, an id, raw payload bytes and headers.
 
 use std::collections::BTreeMap;
+use std::time::SystemTime;
 
 /// One message as delivered, before decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,6 +10,7 @@ pub struct Envelope {
     id: String,
     payload: Vec<u8>,
     headers: BTreeMap<String, String>,
+    produced_at: Option<SystemTime>,
 }
 
 impl Envelope {
@@ -20,6 +22,7 @@ impl Envelope {
             id: id.into(),
             payload,
             headers: BTreeMap::new(),
+            produced_at: None,
         }
     }
 
@@ -48,6 +51,18 @@ impl Envelope {
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self
+    }
+
+    /// When the producer published the message (the broker's timestamp): a runtime then records
+    /// the end-to-end lag, from publication to handled, in `inbox_lag_seconds`.
+    pub fn with_produced_at(mut self, produced_at: SystemTime) -> Self {
+        self.produced_at = Some(produced_at);
+        self
+    }
+
+    /// When the producer published the message, if the transport said.
+    pub fn produced_at(&self) -> Option<SystemTime> {
+        self.produced_at
     }
 
     /// The type tag that selects the handlers.

@@ -514,9 +514,8 @@ pub async fn resume<DB: Backend, H: Handler<DB>>(
 }
 
 /// Skips the gap in front of the parked messages of `aggregate`, deliberately, for a predecessor
-/// known to be lost: messages a gap timeout marked dead are parked again, the stream moves to just
-/// before the lowest parked message (never backwards), and what can apply is released. Returns how
-/// many were released.
+/// known to be lost (see [`open_gap`]), and releases what can apply. Returns how many were
+/// released.
 pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -528,16 +527,25 @@ pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
         handler: handler.name(),
         aggregate,
     };
+    open_gap(pool, &stream).await?;
+    release(pool, consumer, handler, aggregate).await
+}
+
+/// Skips the gap in front of a stream's parked messages without releasing them: messages a gap
+/// timeout marked dead are parked again, and the stream moves to just before the lowest parked
+/// message (never backwards). The runtime that owns the handler releases them on its next sweep;
+/// this is how an operator skips a gap from outside the consumer's process.
+pub async fn open_gap<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<(), Error> {
     let mut tx = DB::begin(pool).await?;
-    let last = DB::lock_stream(&mut tx, &stream).await?;
-    DB::skip_gap(&mut tx, &stream, last).await?;
+    let last = DB::lock_stream(&mut tx, stream).await?;
+    DB::skip_gap(&mut tx, stream, last).await?;
     tx.commit().await?;
     tracing::warn!(
-        handler = handler.name(),
-        aggregate,
+        handler = stream.handler,
+        aggregate = stream.aggregate,
         "gap skipped by an operator"
     );
-    release(pool, consumer, handler, aggregate).await
+    Ok(())
 }
 
 /// The parked messages of one aggregate that waited too long for a missing predecessor.
@@ -589,16 +597,17 @@ pub async fn expire_gaps<DB: Backend>(
     Ok(expired)
 }
 
-/// Replays a dead (or failed) message through the normal guarded path, after recording who
-/// replays it and why: it is handled again from its first attempt, so a replay that succeeds is
-/// `Processed`, and one that fails is recorded like any failure. A message that is already handled
-/// is a `Duplicate`, like any redelivery.
+/// Replays dead message `message_id` of `handler`, after its handler or data was fixed, recording
+/// who replays it and why: it is handled again from its first attempt, so a replay that succeeds is
+/// `Processed`, and one that fails is recorded like any failure (and retried by a runtime's sweep,
+/// see [`replay_requested`]). A message that is already handled is a `Duplicate`, like any
+/// redelivery.
 pub async fn replay<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
     message_id: &str,
-    (by, reason): (&str, &str),
+    by_reason: (&str, &str),
     retry: &RetryPolicy,
 ) -> Result<Outcome, Error> {
     let key = MessageKey {
@@ -606,36 +615,114 @@ pub async fn replay<DB: Backend, H: Handler<DB>>(
         handler: handler.name(),
         message_id,
     };
-    let not_dead = || Error::NotDead {
-        handler: handler.name().to_owned(),
-        message_id: message_id.to_owned(),
-        action: "replay",
+    match request_replay(pool, &key, by_reason).await {
+        Ok(()) => rerun(pool, consumer, handler, message_id, retry).await,
+        Err(Error::NotDead { .. }) if DB::stored(pool, &key).await?.is_some() => {
+            Ok(Outcome::Duplicate)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Asks for dead (or failed) message `key` to be replayed, recording who asks and why, without
+/// handling it: the runtime that owns its handler does, on its next sweep (see
+/// [`replay_requested`]). This is how an operator replays from outside the consumer's process.
+pub async fn request_replay<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    by_reason: (&str, &str),
+) -> Result<(), Error> {
+    resolve_dead(pool, key, true, by_reason).await
+}
+
+/// Discards a dead (or failed) message: it stays, with its payload and who discarded it and why,
+/// but is never retried.
+pub async fn discard<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    by_reason: (&str, &str),
+) -> Result<(), Error> {
+    resolve_dead(pool, key, false, by_reason).await
+}
+
+async fn resolve_dead<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    replay: bool,
+    (by, reason): (&str, &str),
+) -> Result<(), Error> {
+    let action = if replay { "replay" } else { "discard" };
+    let resolution = Resolution { replay, by, reason };
+    let mut tx = DB::begin(pool).await?;
+    if !DB::resolve(&mut tx, key, &resolution).await? {
+        return Err(Error::NotDead {
+            handler: key.handler.to_owned(),
+            message_id: key.message_id.to_owned(),
+            action,
+        });
+    }
+    tx.commit().await?;
+    tracing::warn!(
+        handler = key.handler,
+        message_id = key.message_id,
+        by,
+        reason,
+        action,
+        "dead message resolved by an operator"
+    );
+    Ok(())
+}
+
+/// Handles the messages of `handler` whose replay was requested (by [`request_replay`], or a
+/// replay that failed again), each from its stored payload through the guarded path; at most 500
+/// per call. A message that fails is recorded like any failure, so it is tried again by the next
+/// call until its retry policy gives up and it is dead again. Returns how many were processed.
+pub async fn replay_requested<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    retry: &RetryPolicy,
+) -> Result<u32, Error> {
+    let mut processed = 0;
+    for message_id in DB::replays_requested(pool, consumer, handler.name(), 500).await? {
+        match rerun(pool, consumer, handler, &message_id, retry).await {
+            Ok(outcome) => processed += u32::from(outcome == Outcome::Processed),
+            Err(error) => {
+                tracing::warn!(handler = handler.name(), message_id, %error, "a requested replay failed")
+            }
+        }
+    }
+    Ok(processed)
+}
+
+/// Handles a failed message again from its stored payload and headers.
+async fn rerun<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    message_id: &str,
+    retry: &RetryPolicy,
+) -> Result<Outcome, Error> {
+    let key = MessageKey {
+        consumer,
+        handler: handler.name(),
+        message_id,
     };
-    let stored = DB::stored(pool, &key).await?.ok_or_else(not_dead)?;
+    let stored = DB::stored(pool, &key).await?;
     let Some(payload) = stored
-        .payload
-        .filter(|_| matches!(stored.status.as_str(), "dead" | "failed"))
+        .as_ref()
+        .filter(|stored| stored.status == "failed")
+        .and_then(|stored| stored.payload.as_deref())
     else {
         return Ok(Outcome::Duplicate);
     };
-    let mut tx = DB::begin(pool).await?;
-    let replay = Resolution {
-        replay: true,
-        by,
-        reason,
-    };
-    if !DB::resolve(&mut tx, &key, &replay).await? {
-        tx.rollback().await?;
-        return Ok(Outcome::Duplicate);
-    }
-    tx.commit().await?;
     let decode_error = |reason: String| Error::Decode {
         message_type: H::Message::TYPE.to_owned(),
         reason,
     };
     let message: H::Message =
-        serde_json::from_slice(&payload).map_err(|e| decode_error(e.to_string()))?;
-    let headers: Headers = match &stored.headers {
+        serde_json::from_slice(payload).map_err(|e| decode_error(e.to_string()))?;
+    let headers: Headers = match stored.as_ref().and_then(|stored| stored.headers.as_deref()) {
         Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
         None => Headers::new(),
     };
@@ -651,35 +738,4 @@ pub async fn replay<DB: Backend, H: Handler<DB>>(
     )
     .await?;
     Ok(guarded.outcome)
-}
-
-/// Discards a dead (or failed) message: it stays, with its payload and who discarded it and why,
-/// but is never retried.
-pub async fn discard<DB: Backend>(
-    pool: &Pool<DB>,
-    key: &MessageKey<'_>,
-    (by, reason): (&str, &str),
-) -> Result<(), Error> {
-    let mut tx = DB::begin(pool).await?;
-    let discard = Resolution {
-        replay: false,
-        by,
-        reason,
-    };
-    if !DB::resolve(&mut tx, key, &discard).await? {
-        return Err(Error::NotDead {
-            handler: key.handler.to_owned(),
-            message_id: key.message_id.to_owned(),
-            action: "discard",
-        });
-    }
-    tx.commit().await?;
-    tracing::warn!(
-        handler = key.handler,
-        message_id = key.message_id,
-        by,
-        reason,
-        "dead message discarded"
-    );
-    Ok(())
 }

@@ -12,18 +12,21 @@ mod handler;
 mod identity;
 mod message;
 mod outcome;
+mod retention;
 mod retry;
+mod status;
 
 pub use backend::{
-    Backend, Claim, Claimed, DeadLetterFilter, Failure, MIGRATIONS_TABLE, MessageKey,
-    ParkedMessage, RejectedDelivery, Resolution, StoredMessage, StoredPayload, Stream,
-    sqlite_options,
+    Backend, Claim, Claimed, DeadLetterFilter, Failure, HandlerStatus, MIGRATIONS_TABLE,
+    MessageKey, ParkedMessage, PurgeLeader, PurgePreview, RejectedDelivery, Resolution,
+    StoredMessage, StoredPayload, Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
 pub use error::{Error, HandlerError};
 pub use guard::{
-    ExpiredGap, Guarded, discard, expire_gaps, process, release, replay, resume, skip_gap,
+    ExpiredGap, Guarded, discard, expire_gaps, open_gap, process, release, replay,
+    replay_requested, request_replay, resume, skip_gap,
 };
 pub use handler::{
     DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult, Headers, Ordering,
@@ -31,7 +34,9 @@ pub use handler::{
 pub use identity::{Identity, MAX_ID_LEN};
 pub use message::{Identifier, Message, SequenceNumber};
 pub use outcome::Outcome;
+pub use retention::{PurgeReport, Retention, purge, purge_preview};
 pub use retry::RetryPolicy;
+pub use status::{Status, status};
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in
 /// their own table, [`MIGRATIONS_TABLE`], apart from the application's).

@@ -1,10 +1,11 @@
 //! Putting an inbox together: pool, consumer group, handlers, workers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::collections::HashMap;
 
-use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, RetryPolicy};
+use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, Retention, RetryPolicy};
 use sqlx::Pool;
 
 use crate::inbox::{Inbox, Shared, UnknownTypes};
@@ -19,8 +20,13 @@ pub struct InboxBuilder<DB: Backend> {
     retry: Retry,
     unknown_types: UnknownTypes,
     max_payload_bytes: usize,
+    sweep_interval: Duration,
+    retention: Option<Retention>,
     routes: Vec<Arc<dyn Route<DB>>>,
 }
+
+/// How often a running inbox sweeps by default (see [`InboxBuilder::sweep_interval`]).
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The largest payload an inbox accepts by default: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
@@ -34,6 +40,8 @@ impl<DB: Backend> InboxBuilder<DB> {
             retry: Retry::default(),
             unknown_types: UnknownTypes::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            retention: None,
             routes: Vec::new(),
         }
     }
@@ -78,6 +86,24 @@ impl<DB: Backend> InboxBuilder<DB> {
         self
     }
 
+    /// How often [`Inbox::run`] sweeps (default [`DEFAULT_SWEEP_INTERVAL`], more often when a
+    /// strict handler's gap timeout needs it): releases parked messages a crash left behind,
+    /// expires gaps, handles the replays operators requested (`inbox dead replay`), and updates
+    /// the parked and dead-letter gauges.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Purges old dedup rows while running (see [`Retention`]): every [`Retention::every`],
+    /// the one instance that wins the election deletes processed and stale rows older than the
+    /// window. [`InboxBuilder::build`] warns when the window is shorter than the configured
+    /// redelivery horizon.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
     /// Registers a handler for its message type. Several handlers may take one type; each is
     /// called, with its own dedup scope.
     pub fn handler<H: Handler<DB>>(mut self, handler: H) -> Self {
@@ -101,6 +127,8 @@ impl<DB: Backend> InboxBuilder<DB> {
             retry: self.retry,
             unknown_types: self.unknown_types,
             max_payload_bytes: self.max_payload_bytes,
+            sweep_interval: self.sweep_interval,
+            retention: self.retention.inspect(Retention::warn_if_unsafe),
             registry,
         }))
     }

@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use inbox_core::{
-    Backend, DeadLetterFilter, Envelope, Error, ExpiredGap, MessageKey, Outcome, RejectedDelivery,
-    Resolution, StoredMessage,
+    Backend, DeadLetterFilter, Envelope, Error, ExpiredGap, MessageKey, Outcome, PurgeReport,
+    RejectedDelivery, Resolution, Retention, StoredMessage,
 };
 use sqlx::Pool;
 
@@ -38,6 +38,8 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) retry: Retry,
     pub(crate) unknown_types: UnknownTypes,
     pub(crate) max_payload_bytes: usize,
+    pub(crate) sweep_interval: std::time::Duration,
+    pub(crate) retention: Option<Retention>,
     pub(crate) registry: Registry<DB>,
 }
 
@@ -138,6 +140,24 @@ impl<DB: Backend> Inbox<DB> {
     /// starts. Returns how many were released.
     pub async fn resume(&self) -> Result<u32, Error> {
         self.shared.resume().await
+    }
+
+    /// Handles the dead messages whose replay an operator requested from outside this process
+    /// (`inbox dead replay`, [`inbox_core::request_replay`]), and the replays that failed again
+    /// and wait for their next attempt. [`Inbox::run`] does this on every sweep. Returns how many
+    /// were processed.
+    pub async fn replay_requested(&self) -> Result<u32, Error> {
+        self.shared.replay_requested().await
+    }
+
+    /// Purges the processed and stale rows older than the configured retention window, unless
+    /// another instance is purging (see [`inbox_core::purge`]). [`Inbox::run`] does this every
+    /// [`Retention::every`]. Without a configured retention, purges nothing.
+    pub async fn purge(&self) -> Result<PurgeReport, Error> {
+        match &self.shared.retention {
+            Some(retention) => inbox_core::purge(&self.shared.pool, retention).await,
+            None => Ok(PurgeReport::default()),
+        }
     }
 
     /// Marks dead the parked messages whose missing predecessor has not arrived within their
@@ -339,6 +359,37 @@ impl<DB: Backend> Shared<DB> {
         Ok(released)
     }
 
+    pub(crate) async fn replay_requested(&self) -> Result<u32, Error> {
+        let mut processed = 0;
+        for route in self.registry.routes() {
+            let retry = self.retry.of(route.name());
+            processed += route
+                .replay_requested(&self.pool, &self.consumer, retry)
+                .await?;
+        }
+        Ok(processed)
+    }
+
+    /// Sets `inbox_parked_messages` and `inbox_dead_letters` for every handler of this inbox.
+    pub(crate) async fn gauge_backlog(&self) -> Result<(), Error> {
+        let backlog = DB::backlog(&self.pool, &self.consumer).await?;
+        for route in self.registry.routes() {
+            let count = |status: &str| {
+                backlog
+                    .iter()
+                    .find(|(handler, of, _)| handler == route.name() && of == status)
+                    .map_or(0, |(_, _, count)| *count)
+            };
+            let labels = [
+                ("consumer", self.consumer.clone()),
+                ("handler", route.name().to_owned()),
+            ];
+            metrics::gauge!("inbox_parked_messages", &labels).set(count("parked") as f64);
+            metrics::gauge!("inbox_dead_letters", &labels).set(count("dead") as f64);
+        }
+        Ok(())
+    }
+
     pub(crate) async fn expire_gaps(&self) -> Result<Vec<(&'static str, ExpiredGap)>, Error> {
         let mut expired = Vec::new();
         for strict in self.registry.strict() {
@@ -357,12 +408,29 @@ impl<DB: Backend> Shared<DB> {
         Ok(expired)
     }
 
-    /// The shortest gap timeout of the strict handlers, if there are any.
-    pub(crate) fn shortest_gap_timeout(&self) -> Option<std::time::Duration> {
-        self.registry
+    /// How often to sweep: the configured interval, or half the shortest gap timeout if that is
+    /// sooner (at least 100 ms), so a gap is expired at most half a timeout late.
+    pub(crate) fn sweep_period(&self) -> std::time::Duration {
+        let gap_sweep = self
+            .registry
             .strict()
-            .map(|strict| strict.gap_timeout)
-            .min()
+            .map(|strict| (strict.gap_timeout / 2).max(std::time::Duration::from_millis(100)))
+            .min();
+        gap_sweep.map_or(self.sweep_interval, |gap| gap.min(self.sweep_interval))
+    }
+
+    /// `inbox_lag_seconds{consumer, message_type}`: from publication to handled, for an envelope
+    /// that says when it was published (a producer clock ahead of ours counts as no lag).
+    fn record_lag(&self, envelope: &Envelope) {
+        if let Some(produced_at) = envelope.produced_at() {
+            let lag = produced_at.elapsed().unwrap_or_default();
+            metrics::histogram!(
+                "inbox_lag_seconds",
+                "consumer" => self.consumer.clone(),
+                "message_type" => envelope.message_type().to_owned()
+            )
+            .record(lag.as_secs_f64());
+        }
     }
 
     /// Checks the payload's size, then decodes it once for each handler of its type.
@@ -391,6 +459,7 @@ impl<DB: Backend> Shared<DB> {
                     .await,
             );
         }
+        self.record_lag(envelope);
         results
     }
 }

@@ -10,7 +10,7 @@ mod route;
 mod source;
 mod worker;
 
-pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, InboxBuilder};
+pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SWEEP_INTERVAL, InboxBuilder};
 pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
 pub use registry::BuildError;
 pub use route::Handled;

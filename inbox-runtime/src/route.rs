@@ -42,6 +42,13 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
         by_reason: (&'a str, &'a str),
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Outcome, Error>>;
+    /// Handles the messages of this handler whose replay an operator requested.
+    fn replay_requested<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<u32, Error>>;
     /// Skips the gap in front of an aggregate's parked messages and releases them.
     fn skip_gap<'a>(
         &'a self,
@@ -106,6 +113,17 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
     ) -> BoxFuture<'a, Result<Outcome, Error>> {
         Box::pin(inbox_core::replay(
             pool, consumer, &*self.0, message_id, by_reason, retry,
+        ))
+    }
+
+    fn replay_requested<'a>(
+        &'a self,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<u32, Error>> {
+        Box::pin(inbox_core::replay_requested(
+            pool, consumer, &*self.0, retry,
         ))
     }
 

@@ -32,7 +32,8 @@ pub(crate) async fn run<DB: Backend, S: Source>(
         tracing::warn!(%error, "could not resume the release of parked messages");
         0
     });
-    let (stop_sweeping, sweeper) = spawn_gap_sweeper(Arc::clone(&shared));
+    let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared));
+    let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
         .map(|_| spawn_worker(Arc::clone(&shared)))
         .unzip();
@@ -46,43 +47,86 @@ pub(crate) async fn run<DB: Backend, S: Source>(
             Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
     }
-    drop(stop_sweeping);
-    report.gap_expired = sweeper.await.unwrap_or_else(|error| {
-        tracing::error!(%error, "the gap sweeper failed");
-        0
-    });
+    drop((stop_sweeping, stop_purging));
+    match sweeper.await {
+        Ok(swept) => report.merge(swept),
+        Err(error) => tracing::error!(%error, "the sweeper failed"),
+    }
+    if let Err(error) = purger.await {
+        tracing::error!(%error, "the retention purge failed");
+    }
     routed.map(|()| report)
 }
 
-/// Periodically, until the sender is dropped: releases parked messages whose predecessor has
-/// applied (a release that failed earlier), then marks dead the parked messages whose gap outlived
-/// its timeout; returns how many it marked. Runs at half the shortest gap timeout (between 100 ms
-/// and a minute), so a gap is expired at most half a timeout late.
-fn spawn_gap_sweeper<DB: Backend>(
+/// Sweeps every [`Shared::sweep_period`] until the sender is dropped; returns what the sweeps
+/// released and expired.
+fn spawn_sweeper<DB: Backend>(
     shared: Arc<Shared<DB>>,
-) -> (oneshot::Sender<()>, JoinHandle<u64>) {
+) -> (oneshot::Sender<()>, JoinHandle<RunReport>) {
     let (stop, mut stopped) = oneshot::channel::<()>();
     let sweeper = tokio::spawn(async move {
-        let Some(timeout) = shared.shortest_gap_timeout() else {
-            return 0;
-        };
-        let period = (timeout / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
-        let mut expired = 0;
+        let period = shared.sweep_period();
+        let mut report = RunReport::default();
         loop {
             tokio::select! {
-                _ = &mut stopped => return expired,
+                _ = &mut stopped => return report,
                 () = tokio::time::sleep(period) => {}
             }
-            if let Err(error) = shared.resume().await {
-                tracing::warn!(%error, "could not release parked messages");
-            }
-            match shared.expire_gaps().await {
-                Ok(gaps) => expired += gaps.iter().map(|(_, gap)| gap.messages as u64).sum::<u64>(),
-                Err(error) => tracing::warn!(%error, "could not expire gaps"),
-            }
+            sweep(&shared, &mut report).await;
         }
     });
     (stop, sweeper)
+}
+
+/// Releases parked messages whose predecessor has applied (a release that failed earlier), handles
+/// the replays operators requested, marks dead the parked messages whose gap outlived its timeout,
+/// and updates the backlog gauges.
+async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport) {
+    match shared.resume().await {
+        Ok(released) => report.add(Outcome::Released, u64::from(released)),
+        Err(error) => tracing::warn!(%error, "could not release parked messages"),
+    }
+    if let Err(error) = shared.replay_requested().await {
+        tracing::warn!(%error, "could not handle the requested replays");
+    }
+    match shared.expire_gaps().await {
+        Ok(gaps) => {
+            report.gap_expired += gaps
+                .iter()
+                .map(|(_, gap)| gap.messages.unsigned_abs())
+                .sum::<u64>()
+        }
+        Err(error) => tracing::warn!(%error, "could not expire gaps"),
+    }
+    if let Err(error) = shared.gauge_backlog().await {
+        tracing::warn!(%error, "could not count parked and dead messages");
+    }
+}
+
+/// With a retention configured: purges at once, then every [`Retention::interval`], until the
+/// sender is dropped (a purge in progress is then abandoned; the batches it committed stay done).
+fn spawn_purger<DB: Backend>(shared: Arc<Shared<DB>>) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let purger = tokio::spawn(async move {
+        let Some(retention) = shared.retention.clone() else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                purged = inbox_core::purge(&shared.pool, &retention) => {
+                    if let Err(error) = purged {
+                        tracing::warn!(%error, "the retention purge failed; it runs again later");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = &mut stopped => return,
+                () = tokio::time::sleep(retention.every()) => {}
+            }
+        }
+    });
+    (stop, purger)
 }
 
 /// Pulls deliveries until the source ends, `shutdown` completes or the source fails, and hands each

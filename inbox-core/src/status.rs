@@ -1,0 +1,28 @@
+//! What an operator sees first: how many messages each handler holds in each state.
+
+use sqlx::Pool;
+
+use crate::backend::{Backend, HandlerStatus};
+use crate::error::Error;
+
+/// The state of an inbox database, over every consumer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    /// Per consumer and handler: rows by status and the oldest parked message.
+    pub handlers: Vec<HandlerStatus>,
+    /// Per consumer: rejected deliveries waiting for an operator.
+    pub rejected: Vec<(String, i64)>,
+    /// The space the inbox takes, in bytes (PostgreSQL: its tables with their indexes; SQLite:
+    /// the whole database file).
+    pub storage_bytes: i64,
+}
+
+/// Reads the [`Status`] of the inbox behind `pool`. It counts every row, so on a large table it
+/// takes as long as a scan: an operator's command, not something to poll.
+pub async fn status<DB: Backend>(pool: &Pool<DB>) -> Result<Status, Error> {
+    Ok(Status {
+        handlers: DB::status(pool).await?,
+        rejected: DB::rejected_counts(pool).await?,
+        storage_bytes: DB::storage_bytes(pool).await?,
+    })
+}
