@@ -1,13 +1,14 @@
 //! The metrics a scripted run leaves behind, read through a recorder installed for this test
-//! binary: a counter per outcome, the handler duration, rejected deliveries and the in-flight gauge.
+//! binary: a counter per outcome, the handler duration, rejected deliveries, the in-flight,
+//! parked and dead-letter gauges, the end-to-end lag and the purge counters.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use inbox::prelude::*;
-use inbox::{MemoryBroker, RetryPolicy};
+use inbox::{MemoryBroker, Retention, RetryPolicy};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 #[derive(Debug, Clone, Serialize, Deserialize, Message)]
@@ -54,15 +55,16 @@ async fn a_scripted_run_counts_every_outcome() {
         .install()
         .expect("the only recorder of this test binary");
     let pool = common::sqlite("metrics").await.unwrap();
+    let database = pool.clone();
     let retry = RetryPolicy::new(2).backoff(Duration::from_millis(1), Duration::from_millis(1));
-    let inbox = Inbox::builder(pool.clone())
+    let inbox = Inbox::builder(database)
         .consumer("billing")
         .retry(retry)
         .handler(strict_steps)
         .build()
         .await
         .unwrap();
-    let monotonic = Inbox::builder(pool)
+    let monotonic = Inbox::builder(pool.clone())
         .consumer("billing")
         .handler(monotonic_steps)
         .build()
@@ -95,9 +97,18 @@ async fn a_scripted_run_counts_every_outcome() {
     send(&monotonic, step("m-1", "c", 1)).await.unwrap(); // stale
     let broker = MemoryBroker::new();
     broker.publish(Envelope::new("test.unknown", "d-9", b"{}".to_vec())); // rejected
-    broker.publish(Envelope::encode("d-10", &step("r-1", "d", 1)).unwrap()); // processed
+    let published = SystemTime::now() - Duration::from_secs(3);
+    let timed = Envelope::encode("d-10", &step("r-1", "d", 1)).unwrap();
+    broker.publish(timed.with_produced_at(published)); // processed, 3 s after publication
     broker.close();
-    inbox.run(broker.source()).await.unwrap();
+    inbox.run(broker.source()).await.unwrap(); // its first sweep sets the backlog gauges
+    sqlx::query("UPDATE inbox_messages SET processed_at = '2000-01-01 00:00:00'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let year = Retention::new(Duration::from_secs(365 * 24 * 3600));
+    let purge = inbox::purge(&pool, &year).await.unwrap();
+    assert_eq!((purge.purged, purge.batches), (5, 1));
 
     let mut outcomes = BTreeMap::new();
     let mut named = BTreeMap::new();
@@ -125,6 +136,18 @@ async fn a_scripted_run_counts_every_outcome() {
             ("inbox_in_flight", DebugValue::Gauge(n)) => {
                 _ = named.insert("in flight".into(), n.into_inner() as u64)
             }
+            ("inbox_parked_messages" | "inbox_dead_letters", DebugValue::Gauge(n)) => {
+                let at = format!("{} {}", key.name(), label("handler").unwrap());
+                named.insert(at, n.into_inner() as u64);
+            }
+            ("inbox_lag_seconds", DebugValue::Histogram(lags)) => {
+                let lags = lags.iter().map(|lag| lag.into_inner() as u64);
+                named.insert("lag samples".into(), lags.len() as u64);
+                named.insert("lag".into(), lags.max().unwrap());
+            }
+            ("inbox_purged_total" | "inbox_purge_batches_total", DebugValue::Counter(n)) => {
+                _ = named.insert(key.name().into(), n)
+            }
             _ => {}
         }
     }
@@ -150,6 +173,14 @@ async fn a_scripted_run_counts_every_outcome() {
         Some(&0),
         "settled deliveries leave the gauge"
     );
+    assert_eq!(named.get("inbox_dead_letters strict_steps"), Some(&1));
+    assert_eq!(named.get("inbox_parked_messages strict_steps"), Some(&0));
+    let lag = "only d-10 says when it was published, 3 s before it was handled";
+    assert_eq!(named.get("lag samples"), Some(&1), "{lag}");
+    assert_eq!(named.get("lag"), Some(&3), "{lag}");
+    let purged = "s-1, s-2, r-1, m-2 processed and m-1 stale; the dead p-1 is kept";
+    assert_eq!(named.get("inbox_purged_total"), Some(&5), "{purged}");
+    assert_eq!(named.get("inbox_purge_batches_total"), Some(&1));
     let ran = "s-1, s-2, r-1 and the two failed attempts ran the handler";
     assert_eq!(named.get("duration strict_steps"), Some(&5), "{ran}");
 }

@@ -65,8 +65,8 @@ pub enum UnknownTypes {
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunReport {
-    /// Handler outcomes by kind, over all deliveries; `released` also counts what the run released
-    /// when it started (see [`Inbox::resume`]).
+    /// Handler outcomes by kind, over all deliveries; `released` also counts what the run's sweeps
+    /// released, when it started and periodically (see [`Inbox::resume`]).
     pub outcomes: BTreeMap<&'static str, u64>,
     /// Deliveries acknowledged.
     pub acked: u64,

@@ -28,19 +28,15 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     mut source: S,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<RunReport, RunError> {
-    let resumed = shared.resume().await.unwrap_or_else(|error| {
-        tracing::warn!(%error, "could not resume the release of parked messages");
-        0
-    });
+    let mut report = RunReport::default();
+    sweep(&shared, &mut report).await;
     let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared));
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
         .map(|_| spawn_worker(Arc::clone(&shared)))
         .unzip();
-    let mut report = RunReport::default();
     let routed = route(&shared, &mut source, &queues, shutdown, &mut report).await;
     drop(queues);
-    report.add(Outcome::Released, u64::from(resumed));
     for worker in workers {
         match worker.await {
             Ok(done) => report.merge(done),

@@ -1,0 +1,185 @@
+//! Retention on real databases: a purge deletes the dedup rows older than its window in batches
+//! while live traffic goes on, keeps everything inside the window and every parked or dead
+//! message, and runs on one instance at a time.
+
+mod common;
+
+/// Rows older than any window these tests use.
+const ANCIENT: &str = "2000-01-01 00:00:00";
+/// Rows inside a window that reaches back to 2010.
+const INSIDE: &str = "2020-01-01 00:00:00";
+
+/// A window that keeps [`INSIDE`] rows and purges [`ANCIENT`] ones: back to 2010-01-01.
+fn window_to_2010() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_262_304_000))
+        .expect("the clock is past 2010")
+}
+
+macro_rules! retention_suite {
+    ($db:ty, $conn:ty, $connect:path) => {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+
+        use inbox::prelude::*;
+        use inbox::Retention;
+
+        use super::{ANCIENT, INSIDE, window_to_2010};
+        use crate::common::ledger::Credited;
+
+        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::queries::ledger_queries!($db, $connect);
+
+        /// Inserts `rows` dedup rows of handler `credit` with ids `{prefix}-n`, in `status`, all
+        /// received and settled at `at`.
+        async fn seed(pool: &Pool, prefix: &str, rows: i64, status: &str, at: &str) {
+            sqlx::query(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
+                 INSERT INTO inbox_messages (consumer, handler, message_id, message_type, aggregate_id, \
+                 sequence_number, status, payload_hash, payload) \
+                 SELECT 'default', 'credit', $2 || '-' || i, 'test.credited', 'acct-' || i, i, $3, $4, $4 FROM n",
+            )
+            .bind(rows)
+            .bind(prefix)
+            .bind(status)
+            .bind(vec![0_u8; 32])
+            .execute(pool)
+            .await
+            .expect("seed dedup rows");
+            let at = format!("'{at}'");
+            let backdate = [
+                format!("UPDATE inbox_messages SET received_at = {at}, failed_at = {at} WHERE message_id LIKE $1"),
+                format!("UPDATE inbox_messages SET processed_at = {at} WHERE message_id LIKE $1 AND status IN ('processed', 'stale')"),
+            ];
+            for update in backdate {
+                sqlx::query(sqlx::AssertSqlSafe(update))
+                    .bind(format!("{prefix}-%"))
+                    .execute(pool)
+                    .await
+                    .expect("backdate dedup rows");
+            }
+        }
+
+        async fn rows(pool: &Pool, prefix: &str) -> i64 {
+            sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages WHERE message_id LIKE $1")
+                .bind(format!("{prefix}-%"))
+                .fetch_one(pool)
+                .await
+                .expect("count rows")
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_purge_under_load_deletes_only_old_rows_in_batches_while_dispatch_goes_on() {
+            let Some(pool) = ledger("purge_under_load").await else { return };
+            seed(&pool, "old", 200_000, "processed", ANCIENT).await;
+            seed(&pool, "stale", 1_000, "stale", ANCIENT).await;
+            seed(&pool, "inside", 1_000, "processed", INSIDE).await;
+            seed(&pool, "parked", 10, "parked", ANCIENT).await;
+            seed(&pool, "dead", 10, "dead", ANCIENT).await;
+            let inbox = Inbox::builder(pool.clone()).handler(credit).build().await.unwrap();
+            let retention = Retention::new(window_to_2010()).batch_size(5_000);
+
+            let preview = inbox::purge_preview(&pool, &retention).await.unwrap();
+            assert_eq!((preview.purgeable, preview.parked, preview.dead), (201_000, 10, 10));
+
+            let dispatched = Arc::new(AtomicU64::new(0));
+            let purging = Arc::new(tokio::sync::Notify::new());
+            let producer = tokio::spawn({
+                let (inbox, dispatched, purging) = (inbox.clone(), dispatched.clone(), purging.clone());
+                async move {
+                    let done = purging.notified();
+                    tokio::pin!(done);
+                    for n in 0.. {
+                        let event = Credited::new(format!("live-{n}"), format!("live-{}", n % 7), n, 1);
+                        let envelope = Envelope::encode(format!("d-{n}"), &event).unwrap();
+                        tokio::select! {
+                            () = &mut done => return,
+                            handled = inbox.dispatch(&envelope) => handled.expect("live traffic is handled"),
+                        };
+                        dispatched.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+            crate::common::eventually("live traffic flows", || dispatched.load(Ordering::SeqCst) > 10).await;
+            let before = dispatched.load(Ordering::SeqCst);
+            let report = inbox::purge(&pool, &retention).await.unwrap();
+            let during = dispatched.load(Ordering::SeqCst) - before;
+            purging.notify_one();
+            producer.await.unwrap();
+
+            assert!(report.led);
+            assert_eq!(report.purged, 201_000, "{report:?}");
+            assert!(report.batches >= 201_000 / 5_000, "small batches, each its own transaction: {report:?}");
+            assert!(during >= report.batches / 2, "dispatch went on during the purge: {during} in {} batches", report.batches);
+            assert_eq!((report.kept_parked, report.kept_dead), (10, 10), "parked and dead are never purged by age");
+            for (prefix, left) in [("old", 0), ("stale", 0), ("inside", 1_000), ("parked", 10), ("dead", 10)] {
+                assert_eq!(rows(&pool, prefix).await, left, "{prefix} rows left");
+            }
+            let live = dispatched.load(Ordering::SeqCst) as i64;
+            assert!(rows(&pool, "live").await >= live, "no row of live traffic was purged");
+        }
+
+        #[tokio::test]
+        async fn a_purged_message_is_no_duplicate_but_its_stream_still_makes_it_stale() {
+            let Some(pool) = ledger("purge_then_redeliver").await else { return };
+            let event = Credited::new("e-1", "acct", 1, 5);
+            assert_eq!(credit.process(&pool, event.clone()).await.unwrap(), Outcome::Processed);
+            sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE inbox_messages SET processed_at = '{ANCIENT}'")))
+                .execute(&pool)
+                .await
+                .unwrap();
+
+            let report = inbox::purge(&pool, &Retention::new(window_to_2010())).await.unwrap();
+
+            assert_eq!(report.purged, 1);
+            assert_eq!(credit.process(&pool, event).await.unwrap(), Outcome::Stale, "the stream row outlives the purge");
+            assert_eq!(balance(&pool, "acct").await, 5);
+        }
+
+        #[tokio::test]
+        async fn an_inbox_purges_with_its_configured_retention_only() {
+            let Some(pool) = ledger("inbox_purge").await else { return };
+            seed(&pool, "old", 20, "processed", ANCIENT).await;
+            let without = Inbox::builder(pool.clone()).handler(credit).build().await.unwrap();
+            assert_eq!(without.purge().await.unwrap().purged, 0, "no retention configured");
+
+            let retention = Retention::new(window_to_2010()).batch_size(8);
+            let with = Inbox::builder(pool.clone()).handler(credit).retention(retention).build().await.unwrap();
+            let report = with.purge().await.unwrap();
+
+            assert_eq!((report.purged, report.batches), (20, 3));
+            assert_eq!(rows(&pool, "old").await, 0);
+        }
+    };
+}
+
+mod sqlite {
+    retention_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+}
+
+mod postgres {
+    retention_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+
+    #[tokio::test]
+    async fn one_instance_purges_at_a_time() {
+        let Some(pool) = ledger("purge_leader").await else {
+            return;
+        };
+        seed(&pool, "old", 100, "processed", ANCIENT).await;
+        let retention = Retention::new(window_to_2010());
+        let elsewhere = second_pool(&pool).await;
+        let leader = <sqlx::Postgres as inbox::Backend>::lead_purge(&elsewhere)
+            .await
+            .unwrap()
+            .expect("nobody else is purging");
+
+        let report = inbox::purge(&pool, &retention).await.unwrap();
+        assert!(!report.led, "another instance holds the lock: {report:?}");
+        assert_eq!(rows(&pool, "old").await, 100);
+
+        leader.step_down().await.unwrap();
+        let report = inbox::purge(&pool, &retention).await.unwrap();
+        assert!(report.led);
+        assert_eq!(rows(&pool, "old").await, 0);
+    }
+}
