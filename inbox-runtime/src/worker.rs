@@ -44,6 +44,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
         }
     }
     drop((stop_sweeping, stop_purging));
+    gauge_backlog(&shared).await;
     match sweeper.await {
         Ok(swept) => report.merge(swept),
         Err(error) => tracing::error!(%error, "the sweeper failed"),
@@ -94,6 +95,11 @@ async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport) {
         }
         Err(error) => tracing::warn!(%error, "could not expire gaps"),
     }
+    gauge_backlog(shared).await;
+}
+
+/// Updates the parked and dead-letter gauges (after each sweep, and when a run ends).
+async fn gauge_backlog<DB: Backend>(shared: &Shared<DB>) {
     if let Err(error) = shared.gauge_backlog().await {
         tracing::warn!(%error, "could not count parked and dead messages");
     }
