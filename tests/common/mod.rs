@@ -4,10 +4,9 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
 
@@ -50,12 +49,31 @@ pub async fn sqlite_without_schema(test: &str) -> SqlitePool {
 /// A migrated PostgreSQL schema of its own, or `None` (with a line saying so) when no server is
 /// configured. Under `CI=true` a missing server fails the test instead.
 pub async fn postgres(test: &str) -> Option<PgPool> {
+    let url = postgres_url(test).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(24)
+        .connect(&url)
+        .await
+        .expect("connect PostgreSQL");
+    inbox::migrate(&pool).await.expect("migrate PostgreSQL");
+    Some(pool)
+}
+
+/// The URL of a new SQLite database file that does not exist yet, for programs that connect by
+/// URL, such as the CLI (`Option` to match [`postgres_url`]).
+pub async fn sqlite_url(test: &str) -> Option<String> {
+    let path = std::env::temp_dir().join(format!("inbox_{}.db", unique(test)));
+    Some(format!("sqlite://{}", path.display()))
+}
+
+/// The URL of a new, empty PostgreSQL schema of its own (no inbox tables), for programs that
+/// connect by URL, such as the CLI: the URL's `options=-c search_path=...` selects the schema.
+/// `None` (with a line saying so) when no server is configured, like [`postgres`].
+pub async fn postgres_url(test: &str) -> Option<String> {
     let Ok(url) = std::env::var(POSTGRES_URL_VAR) else {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{POSTGRES_URL_VAR} is not set, and CI must run the PostgreSQL tests");
         }
-        // Written to the process's stderr directly, past the test harness's output capture, so
-        // that a skipped test says so in every run's output.
         let _ = writeln!(
             std::io::stderr(),
             "SKIPPED on PostgreSQL: {test} (set {POSTGRES_URL_VAR}=postgres://... to run it)"
@@ -70,16 +88,10 @@ pub async fn postgres(test: &str) -> Option<PgPool> {
         .execute(&mut admin)
         .await
         .expect("create test schema");
-    let options = PgConnectOptions::from_str(&url)
-        .expect("valid PostgreSQL URL")
-        .options([("search_path", schema.as_str())]);
-    let pool = PgPoolOptions::new()
-        .max_connections(24)
-        .connect_with(options)
-        .await
-        .expect("connect PostgreSQL");
-    inbox::migrate(&pool).await.expect("migrate PostgreSQL");
-    Some(pool)
+    let separator = if url.contains('?') { '&' } else { '?' };
+    Some(format!(
+        "{url}{separator}options=-c%20search_path%3D{schema}"
+    ))
 }
 
 /// Shuffles `items` the same way for the same `seed` (a small xorshift generator: the tests need

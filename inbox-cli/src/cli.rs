@@ -1,0 +1,249 @@
+//! The command line: what an operator can type, with the help text it shows.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use inbox_core::{DEFAULT_CONSUMER, Retention};
+
+/// The exit codes, as `--help` shows them (the constants are in `error::exit`).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  ok
+  1  the operation failed (database error, unreachable database)
+  2  usage error (bad arguments or duration, missing or unsupported database URL)
+  3  the inbox schema is missing: run `inbox migrate`
+  4  not found (no such message, not dead, no gap to skip)
+  5  aborted at the confirmation prompt";
+
+/// Operate an inbox database: apply its schema, see what it holds, replay or discard dead
+/// letters, skip strict-ordering gaps, and purge old dedup rows.
+#[derive(Debug, Parser)]
+#[command(name = "inbox", version, after_long_help = EXIT_CODES)]
+pub struct Cli {
+    /// The database: postgres://user@host/db or sqlite://path/to/file.db
+    ///
+    /// For a PostgreSQL schema outside the default search path, add
+    /// `?options=-c%20search_path%3Dmy_schema` to the URL, or set
+    /// PGOPTIONS="-c search_path=my_schema".
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Print one JSON document on stdout instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    #[command(flatten)]
+    Database(DatabaseCommand),
+    /// Print the schema as plain DDL, for teams that run their own migrations (no connection).
+    Schema {
+        /// Which database's DDL (default: the one the database URL names).
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+    },
+}
+
+/// The commands that connect to the database.
+#[derive(Debug, Subcommand)]
+pub enum DatabaseCommand {
+    /// Apply the inbox schema (idempotent; creates a SQLite file if it does not exist).
+    Migrate,
+    /// Counts by status per consumer and handler, rejected deliveries, and storage size.
+    Status,
+    /// Dead letters: messages given up on after their last attempt or a permanent error.
+    Dead(DeadArgs),
+    /// Messages parked by strict ordering, waiting for a predecessor.
+    Parked(ParkedArgs),
+    /// Strict-ordering gaps that will not fill.
+    Gap(GapArgs),
+    /// Delete processed and stale dedup rows older than a window (parked and dead ones are kept).
+    Purge(PurgeArgs),
+}
+
+/// A database the inbox runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// PostgreSQL.
+    Postgres,
+    /// SQLite.
+    Sqlite,
+}
+
+/// The consumer group a command acts on.
+#[derive(Debug, Args)]
+pub struct ConsumerArg {
+    /// The consumer group.
+    #[arg(long, env = "INBOX_CONSUMER", default_value = DEFAULT_CONSUMER, global = true)]
+    pub consumer: String,
+}
+
+/// `inbox dead ...`
+#[derive(Debug, Args)]
+pub struct DeadArgs {
+    #[command(flatten)]
+    pub consumer: ConsumerArg,
+    /// What to do with dead letters.
+    #[command(subcommand)]
+    pub command: DeadCommand,
+}
+
+/// The dead-letter commands.
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// List the dead messages.
+    List {
+        /// Only this handler's.
+        #[arg(long)]
+        handler: Option<String>,
+        /// Only messages of this type tag.
+        #[arg(long = "type")]
+        message_type: Option<String>,
+        /// Only messages whose last failure is at most this old (e.g. 24h, 7d).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        failed_within: Option<Duration>,
+    },
+    /// Show everything stored about one message, its payload included.
+    Show(MessageArgs),
+    /// Ask the running consumer to handle a dead message again, on its next sweep.
+    Replay {
+        #[command(flatten)]
+        message: MessageArgs,
+        #[command(flatten)]
+        operator: Operator,
+        /// Why it is replayed.
+        #[arg(long, default_value = "replayed with the inbox CLI")]
+        reason: String,
+    },
+    /// Give up on a dead message for good (it is kept, with who and why, but never handled).
+    Discard {
+        #[command(flatten)]
+        message: MessageArgs,
+        #[command(flatten)]
+        operator: Operator,
+        /// Why it is discarded.
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+}
+
+/// One stored message.
+#[derive(Debug, Args)]
+pub struct MessageArgs {
+    /// The handler (its dedup scope).
+    pub handler: String,
+    /// The message's id (its dedup key).
+    pub message_id: String,
+}
+
+/// The operator deciding what happens to a dead message.
+#[derive(Debug, Args)]
+pub struct Operator {
+    /// Who decides, recorded with the message.
+    #[arg(long, env = "USER", default_value = "inbox-cli")]
+    pub by: String,
+}
+
+/// Skips the confirmation prompt of a destructive command.
+#[derive(Debug, Args)]
+pub struct Confirm {
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+/// `inbox parked ...`
+#[derive(Debug, Args)]
+pub struct ParkedArgs {
+    #[command(flatten)]
+    pub consumer: ConsumerArg,
+    /// What to do with parked messages.
+    #[command(subcommand)]
+    pub command: ParkedCommand,
+}
+
+/// The parked-message commands.
+#[derive(Debug, Subcommand)]
+pub enum ParkedCommand {
+    /// List the parked messages.
+    List,
+}
+
+/// `inbox gap ...`
+#[derive(Debug, Args)]
+pub struct GapArgs {
+    #[command(flatten)]
+    pub consumer: ConsumerArg,
+    /// What to do with a gap.
+    #[command(subcommand)]
+    pub command: GapCommand,
+}
+
+/// The gap commands.
+#[derive(Debug, Subcommand)]
+pub enum GapCommand {
+    /// Skip the gap in front of an aggregate's parked messages, for a predecessor known to be
+    /// lost; the running consumer releases them on its next sweep.
+    Skip {
+        /// The handler.
+        handler: String,
+        /// The aggregate whose gap is skipped.
+        aggregate: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+}
+
+/// `inbox purge ...`
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete rows handled longer ago than this (e.g. 7d, 24h, 30m). Keep it longer than the
+    /// broker's redelivery horizon, or a late redelivery would be handled twice.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Duration,
+    /// Only report what would be deleted and kept.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The most rows one batch (one short transaction) deletes.
+    #[arg(long, default_value_t = Retention::DEFAULT_BATCH_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    #[command(flatten)]
+    pub confirm: Confirm,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::exit;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_long_help_lists_every_exit_code() {
+        let help = Cli::command().render_long_help().to_string();
+        for code in [
+            exit::OK,
+            exit::FAILED,
+            exit::USAGE,
+            exit::SCHEMA_MISSING,
+            exit::NOT_FOUND,
+            exit::ABORTED,
+        ] {
+            assert!(help.contains(&format!("\n  {code}  ")), "{help}");
+        }
+    }
+}

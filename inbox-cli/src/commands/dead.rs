@@ -1,0 +1,148 @@
+//! `inbox dead ...`: list, show, replay and discard dead letters.
+
+use std::time::Duration;
+
+use inbox_core::{Backend, DeadLetterFilter, MessageKey, StoredMessage};
+use sqlx::Pool;
+
+use crate::cli::{Confirm, DeadArgs, DeadCommand, MessageArgs, Operator};
+use crate::error::CliError;
+use crate::output::{Action, ListKind, MessageDetail, MessageList, Output, Resolved};
+use crate::prompt;
+
+/// Runs a dead-letter command.
+pub async fn run<DB: Backend>(
+    pool: &Pool<DB>,
+    args: DeadArgs,
+    out: &Output,
+) -> Result<(), CliError> {
+    let consumer = args.consumer.consumer;
+    match args.command {
+        DeadCommand::List {
+            handler,
+            message_type,
+            failed_within,
+        } => {
+            let filter = filter(handler, message_type, failed_within);
+            let dead = DB::dead_letters(pool, &consumer, &filter).await?;
+            out.emit(&MessageList::new(ListKind::Dead, &consumer, dead))
+        }
+        DeadCommand::Show(message) => {
+            let stored = stored(pool, &key(&consumer, &message)).await?;
+            out.emit(&MessageDetail::new(&consumer, stored))
+        }
+        DeadCommand::Replay {
+            message,
+            operator,
+            reason,
+        } => replay(pool, &key(&consumer, &message), &operator, &reason, out).await,
+        DeadCommand::Discard {
+            message,
+            operator,
+            reason,
+            confirm,
+        } => {
+            let key = key(&consumer, &message);
+            discard(pool, &key, (&operator, &reason), &confirm, out).await
+        }
+    }
+}
+
+/// The filter of `dead list`.
+fn filter(
+    handler: Option<String>,
+    message_type: Option<String>,
+    failed_within: Option<Duration>,
+) -> DeadLetterFilter {
+    let mut filter = DeadLetterFilter::default();
+    if let Some(handler) = handler {
+        filter = filter.handler(handler);
+    }
+    if let Some(message_type) = message_type {
+        filter = filter.message_type(message_type);
+    }
+    if let Some(age) = failed_within {
+        filter = filter.failed_within(age);
+    }
+    filter
+}
+
+/// Asks the running consumer to handle a dead message again.
+async fn replay<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    operator: &Operator,
+    reason: &str,
+    out: &Output,
+) -> Result<(), CliError> {
+    ensure_dead(pool, key).await?;
+    inbox_core::request_replay(pool, key, (&operator.by, reason)).await?;
+    out.emit(&resolved(Action::ReplayRequested, key, operator, reason))
+}
+
+/// Discards a dead message, once the operator confirms.
+async fn discard<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    (operator, reason): (&Operator, &str),
+    confirm: &Confirm,
+    out: &Output,
+) -> Result<(), CliError> {
+    ensure_dead(pool, key).await?;
+    let question = format!(
+        "Discard dead message `{}` of handler `{}` (consumer `{}`)? It will never be handled.",
+        key.message_id, key.handler, key.consumer
+    );
+    prompt::confirm(&question, confirm).await?;
+    inbox_core::discard(pool, key, (&operator.by, reason)).await?;
+    out.emit(&resolved(Action::Discarded, key, operator, reason))
+}
+
+/// The stored message `key`, or [`CliError::NoSuchMessage`].
+async fn stored<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+) -> Result<StoredMessage, CliError> {
+    DB::show(pool, key)
+        .await?
+        .ok_or_else(|| CliError::NoSuchMessage {
+            consumer: key.consumer.to_owned(),
+            handler: key.handler.to_owned(),
+            message_id: key.message_id.to_owned(),
+        })
+}
+
+/// Fails unless `key` is a dead message, saying what it is instead: checked before asking for
+/// confirmation, and so that a typo reads "no such message" rather than "not dead".
+async fn ensure_dead<DB: Backend>(pool: &Pool<DB>, key: &MessageKey<'_>) -> Result<(), CliError> {
+    let message = stored(pool, key).await?;
+    if message.status != "dead" {
+        return Err(CliError::NotDead {
+            handler: message.handler,
+            message_id: message.message_id,
+            status: message.status,
+        });
+    }
+    Ok(())
+}
+
+/// The primary key of the message named on the command line.
+fn key<'a>(consumer: &'a str, message: &'a MessageArgs) -> MessageKey<'a> {
+    MessageKey {
+        consumer,
+        handler: &message.handler,
+        message_id: &message.message_id,
+    }
+}
+
+/// The view of an operator's decision about `key`.
+fn resolved(action: Action, key: &MessageKey<'_>, operator: &Operator, reason: &str) -> Resolved {
+    Resolved {
+        action,
+        consumer: key.consumer.to_owned(),
+        handler: key.handler.to_owned(),
+        message_id: key.message_id.to_owned(),
+        by: operator.by.clone(),
+        reason: reason.to_owned(),
+    }
+}

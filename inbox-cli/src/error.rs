@@ -1,0 +1,146 @@
+//! What can go wrong in a command, and the exit code each failure maps to.
+
+/// The exit codes of the `inbox` command; `--help` lists them too (see `cli::EXIT_CODES`).
+pub mod exit {
+    /// The command did what it was asked.
+    pub const OK: u8 = 0;
+    /// The operation failed: a database error, or the database could not be reached.
+    pub const FAILED: u8 = 1;
+    /// The command line is wrong: clap's own usage errors, an unsupported or missing database URL.
+    pub const USAGE: u8 = 2;
+    /// The database has no inbox schema (or an old one): run `inbox migrate`.
+    pub const SCHEMA_MISSING: u8 = 3;
+    /// The message or stream named on the command line does not exist, or is not dead.
+    pub const NOT_FOUND: u8 = 4;
+    /// The operator declined the confirmation prompt; nothing was changed.
+    pub const ABORTED: u8 = 5;
+}
+
+/// A failed command, worded for the operator who ran it.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Neither `--database-url` nor `DATABASE_URL` was given.
+    #[error(
+        "no database given: pass --database-url or set DATABASE_URL \
+         (postgres://... or sqlite://...)"
+    )]
+    MissingDatabaseUrl,
+
+    /// The URL names a database the inbox does not run on.
+    #[error(
+        "unsupported database URL scheme `{0}`: the inbox runs on PostgreSQL (postgres:// or \
+         postgresql://) and SQLite (sqlite://)"
+    )]
+    UnsupportedScheme(String),
+
+    /// The URL has a supported scheme but cannot be parsed.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(#[source] sqlx::Error),
+
+    /// The SQLite file named by the URL does not exist (only `inbox migrate` creates one).
+    #[error(
+        "the SQLite database `{0}` does not exist: check the path, or create it with \
+         `inbox migrate`"
+    )]
+    NoSuchDatabaseFile(String),
+
+    /// The database could not be reached.
+    #[error("cannot connect to the database {target}: {source}")]
+    Connect {
+        /// Where the database is, without credentials.
+        target: String,
+        /// Why the connection failed.
+        source: sqlx::Error,
+    },
+
+    /// The inbox tables are missing, or older than this command.
+    #[error(
+        "the inbox schema is missing or out of date in this database ({0}): run `inbox migrate`"
+    )]
+    SchemaMissing(#[source] sqlx::Error),
+
+    /// No message is stored under the given handler and id.
+    #[error(
+        "no message `{message_id}` of handler `{handler}` is stored for consumer `{consumer}`: \
+         see `inbox dead list` (and check --consumer)"
+    )]
+    NoSuchMessage {
+        /// The consumer group searched.
+        consumer: String,
+        /// The handler named.
+        handler: String,
+        /// The message id named.
+        message_id: String,
+    },
+
+    /// The message exists but is not dead, so it cannot be replayed or discarded.
+    #[error(
+        "message `{message_id}` of handler `{handler}` is `{status}`, not dead: only dead messages \
+         can be replayed or discarded"
+    )]
+    NotDead {
+        /// The handler named.
+        handler: String,
+        /// The message id named.
+        message_id: String,
+        /// Its current status.
+        status: String,
+    },
+
+    /// `gap skip` named a stream with nothing waiting on it.
+    #[error(
+        "handler `{handler}` of consumer `{consumer}` has no parked or dead messages for \
+         aggregate `{aggregate}`, so there is no gap to skip: see `inbox parked list`"
+    )]
+    NoGap {
+        /// The consumer group.
+        consumer: String,
+        /// The handler named.
+        handler: String,
+        /// The aggregate named.
+        aggregate: String,
+    },
+
+    /// The operator answered no (or nothing) at the confirmation prompt.
+    #[error("aborted: nothing was changed")]
+    Aborted,
+
+    /// An inbox operation failed.
+    #[error(transparent)]
+    Inbox(#[from] inbox_core::Error),
+
+    /// A database query failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// Writing the output or reading the prompt's answer failed.
+    #[error("cannot use the terminal: {0}")]
+    Io(#[from] std::io::Error),
+
+    /// The JSON output could not be written.
+    #[error("cannot write JSON output: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl CliError {
+    /// The process exit code for this failure (see [`exit`]).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::MissingDatabaseUrl | Self::UnsupportedScheme(_) | Self::InvalidUrl(_) => {
+                exit::USAGE
+            }
+            Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
+            Self::NoSuchMessage { .. } | Self::NotDead { .. } | Self::NoGap { .. } => {
+                exit::NOT_FOUND
+            }
+            Self::Inbox(inbox_core::Error::NotDead { .. }) => exit::NOT_FOUND,
+            Self::Aborted => exit::ABORTED,
+            Self::NoSuchDatabaseFile(_)
+            | Self::Connect { .. }
+            | Self::Inbox(_)
+            | Self::Database(_)
+            | Self::Io(_)
+            | Self::Json(_) => exit::FAILED,
+        }
+    }
+}

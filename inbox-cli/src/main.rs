@@ -1,0 +1,32 @@
+//! `inbox`: the operator's command for an inbox database. It applies the schema, shows what
+//! the inbox holds, replays or discards dead letters, skips strict-ordering gaps and purges old
+//! dedup rows, on PostgreSQL or SQLite, as tables or as JSON (`--json`).
+//!
+//! Replays and skipped gaps are requests: the running consumer, which owns the handler code,
+//! carries them out on its next sweep.
+
+mod cli;
+mod commands;
+mod database;
+mod error;
+mod output;
+mod prompt;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::Cli;
+use crate::error::exit;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::execute(cli).await {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}

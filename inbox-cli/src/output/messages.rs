@@ -1,0 +1,195 @@
+//! Stored messages: the dead and parked lists, and everything about one message.
+
+use inbox_core::StoredMessage;
+use serde::Serialize;
+
+use super::{Render, cell, table};
+
+/// The most characters of an error a list shows; `dead show` has the whole text.
+const ERROR_WIDTH: usize = 60;
+
+/// Which messages a list holds, which decides its columns.
+#[derive(Debug, Clone, Copy)]
+pub enum ListKind {
+    /// Dead letters: with attempts and the last error.
+    Dead,
+    /// Parked messages: by aggregate and sequence.
+    Parked,
+}
+
+/// A list of stored messages of one consumer; as JSON, an array.
+#[derive(Debug, Serialize)]
+#[serde(transparent)]
+pub struct MessageList {
+    #[serde(skip)]
+    kind: ListKind,
+    #[serde(skip)]
+    consumer: String,
+    messages: Vec<MessageSummary>,
+}
+
+/// One message in a list.
+#[derive(Debug, Serialize)]
+struct MessageSummary {
+    handler: String,
+    message_id: String,
+    message_type: String,
+    aggregate_id: Option<String>,
+    sequence_number: Option<i64>,
+    status: String,
+    attempt_count: i32,
+    last_error: Option<String>,
+}
+
+impl MessageList {
+    /// The `kind` messages of `consumer`.
+    pub fn new(kind: ListKind, consumer: &str, messages: Vec<StoredMessage>) -> Self {
+        Self {
+            kind,
+            consumer: consumer.to_owned(),
+            messages: messages.into_iter().map(MessageSummary::from).collect(),
+        }
+    }
+}
+
+impl From<StoredMessage> for MessageSummary {
+    fn from(message: StoredMessage) -> Self {
+        Self {
+            handler: message.handler,
+            message_id: message.message_id,
+            message_type: message.message_type,
+            aggregate_id: message.aggregate_id,
+            sequence_number: message.sequence_number,
+            status: message.status,
+            attempt_count: message.attempt_count,
+            last_error: message.error_text,
+        }
+    }
+}
+
+impl Render for MessageList {
+    fn human(&self) -> String {
+        let (what, header): (_, &[&str]) = match self.kind {
+            ListKind::Dead => (
+                "dead",
+                &[
+                    "HANDLER",
+                    "MESSAGE ID",
+                    "TYPE",
+                    "AGGREGATE",
+                    "SEQUENCE",
+                    "ATTEMPTS",
+                    "ERROR",
+                ],
+            ),
+            ListKind::Parked => (
+                "parked",
+                &["HANDLER", "AGGREGATE", "SEQUENCE", "MESSAGE ID", "TYPE"],
+            ),
+        };
+        if self.messages.is_empty() {
+            return format!("No {what} messages for consumer `{}`.", self.consumer);
+        }
+        let rows = self.messages.iter().map(|message| self.row(message));
+        table(header, rows)
+    }
+}
+
+impl MessageList {
+    fn row(&self, message: &MessageSummary) -> Vec<String> {
+        let (id, kind) = (message.message_id.clone(), message.message_type.clone());
+        let aggregate = cell(message.aggregate_id.as_ref());
+        let sequence = cell(message.sequence_number);
+        match self.kind {
+            ListKind::Dead => vec![
+                message.handler.clone(),
+                id,
+                kind,
+                aggregate,
+                sequence,
+                message.attempt_count.to_string(),
+                cell(message.last_error.as_deref().map(shorten)),
+            ],
+            ListKind::Parked => vec![message.handler.clone(), aggregate, sequence, id, kind],
+        }
+    }
+}
+
+/// The first line of `text`, cut to [`ERROR_WIDTH`] characters.
+fn shorten(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(ERROR_WIDTH) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None if line.len() < text.trim_end().len() => format!("{line}…"),
+        None => line.to_owned(),
+    }
+}
+
+/// Everything stored about one message, its payload as text.
+#[derive(Debug, Serialize)]
+pub struct MessageDetail {
+    consumer: String,
+    #[serde(flatten)]
+    summary: MessageSummary,
+    first_error: Option<String>,
+    /// The payload as UTF-8 text (invalid bytes replaced), while it is kept.
+    payload: Option<String>,
+    resolution: Option<String>,
+    resolved_by: Option<String>,
+    resolved_reason: Option<String>,
+}
+
+impl MessageDetail {
+    /// `message` of `consumer`.
+    pub fn new(consumer: &str, mut message: StoredMessage) -> Self {
+        let payload = message.payload.take();
+        Self {
+            consumer: consumer.to_owned(),
+            payload: payload.map(|payload| String::from_utf8_lossy(&payload).into_owned()),
+            first_error: message.first_error.take(),
+            resolution: message.resolution.take(),
+            resolved_by: message.resolved_by.take(),
+            resolved_reason: message.resolved_reason.take(),
+            summary: MessageSummary::from(message),
+        }
+    }
+}
+
+impl Render for MessageDetail {
+    fn human(&self) -> String {
+        let summary = &self.summary;
+        let fields = [
+            ("consumer", Some(self.consumer.clone())),
+            ("handler", Some(summary.handler.clone())),
+            ("message id", Some(summary.message_id.clone())),
+            ("type", Some(summary.message_type.clone())),
+            ("aggregate", summary.aggregate_id.clone()),
+            ("sequence", summary.sequence_number.map(|n| n.to_string())),
+            ("status", Some(summary.status.clone())),
+            ("attempts", Some(summary.attempt_count.to_string())),
+            ("first error", self.first_error.clone()),
+            ("last error", summary.last_error.clone()),
+            ("resolution", self.resolution.clone()),
+            ("resolved by", self.resolved_by.clone()),
+            ("reason given", self.resolved_reason.clone()),
+        ];
+        let rows = fields
+            .into_iter()
+            .map(|(name, value)| vec![format!("{name}:"), cell(value)]);
+        let payload = self.payload.as_deref().unwrap_or("(not kept)");
+        format!("{}\n\npayload:\n{payload}", table(&[], rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_or_multiline_error_is_cut_in_a_list() {
+        assert_eq!(shorten("short"), "short");
+        assert_eq!(shorten("first line\nsecond"), "first line…");
+        let long = "é".repeat(ERROR_WIDTH + 5);
+        assert_eq!(shorten(&long), format!("{}…", "é".repeat(ERROR_WIDTH)));
+    }
+}

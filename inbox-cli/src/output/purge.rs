@@ -1,0 +1,128 @@
+//! `inbox purge`: what a purge would do (dry run), and what it did.
+
+use std::time::Duration;
+
+use inbox_core::{PurgePreview, PurgeReport};
+use serde::Serialize;
+
+use super::Render;
+
+/// The retention window of a purge, both ways.
+#[derive(Debug, Serialize)]
+struct Window {
+    /// As given: `7days`.
+    older_than: String,
+    /// In seconds.
+    older_than_secs: u64,
+}
+
+impl Window {
+    fn new(window: Duration) -> Self {
+        Self {
+            older_than: humantime::format_duration(window).to_string(),
+            older_than_secs: window.as_secs(),
+        }
+    }
+}
+
+/// What a purge would delete and keep: the output of `--dry-run`.
+#[derive(Debug, Serialize)]
+pub struct PurgePlan {
+    dry_run: bool,
+    #[serde(flatten)]
+    window: Window,
+    /// Processed and stale rows older than the window.
+    purgeable: i64,
+    /// Parked messages older than the window, kept.
+    kept_parked: i64,
+    /// Dead letters older than the window, kept.
+    kept_dead: i64,
+}
+
+impl PurgePlan {
+    /// What a purge with `window` would do, from its preview.
+    pub fn new(window: Duration, preview: PurgePreview) -> Self {
+        Self {
+            dry_run: true,
+            window: Window::new(window),
+            purgeable: preview.purgeable,
+            kept_parked: preview.parked,
+            kept_dead: preview.dead,
+        }
+    }
+}
+
+impl Render for PurgePlan {
+    fn human(&self) -> String {
+        format!(
+            "Dry run, nothing deleted: a purge would delete {} processed or stale rows handled \
+             more than {} ago.{}",
+            self.purgeable,
+            self.window.older_than,
+            kept("It would keep", self.kept_parked, self.kept_dead)
+        )
+    }
+}
+
+/// What a purge did.
+#[derive(Debug, Serialize)]
+pub struct PurgeDone {
+    dry_run: bool,
+    #[serde(flatten)]
+    window: Window,
+    /// `false`: another instance was purging, and this one did nothing.
+    led: bool,
+    /// Rows deleted.
+    purged: u64,
+    /// Batches run, each its own transaction.
+    batches: u64,
+    /// Parked messages older than the window, kept.
+    kept_parked: i64,
+    /// Dead letters older than the window, kept.
+    kept_dead: i64,
+}
+
+impl PurgeDone {
+    /// What a purge with `window` did, from its report.
+    pub fn new(window: Duration, report: PurgeReport) -> Self {
+        Self {
+            dry_run: false,
+            window: Window::new(window),
+            led: report.led,
+            purged: report.purged,
+            batches: report.batches,
+            kept_parked: report.kept_parked,
+            kept_dead: report.kept_dead,
+        }
+    }
+}
+
+impl Render for PurgeDone {
+    fn human(&self) -> String {
+        if !self.led {
+            return "Another instance is purging this inbox right now: nothing was deleted; try \
+                    again later."
+                .to_owned();
+        }
+        format!(
+            "Purged {} processed or stale rows handled more than {} ago, in {} batches.{}",
+            self.purged,
+            self.window.older_than,
+            self.batches,
+            kept("Kept", self.kept_parked, self.kept_dead)
+        )
+    }
+}
+
+/// The sentence about the parked and dead messages older than the window, if there are any,
+/// starting with `kept` ("Kept", "It would keep").
+fn kept(kept: &str, parked: i64, dead: i64) -> String {
+    if parked + dead == 0 {
+        return String::new();
+    }
+    format!(
+        "\n{kept} {parked} parked and {dead} dead messages older than the window: they are \
+         never purged by age, and wait for an operator (see `inbox parked list` and \
+         `inbox dead list`)."
+    )
+}

@@ -1,0 +1,467 @@
+//! The `inbox` command end to end: the built binary against real databases (SQLite always,
+//! PostgreSQL when `INBOX_TEST_POSTGRES_URL` is set), each case checking what changed in the
+//! database, not only what was printed.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// One run of the `inbox` binary.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// Asserts the run succeeded.
+    fn ok(self) -> Self {
+        assert_eq!(self.code, Some(0), "the command failed: {self:#?}");
+        self
+    }
+
+    /// Asserts the run failed with `code` and said something mentioning each of `words`.
+    fn failed(self, code: i32, words: &[&str]) -> Self {
+        assert_eq!(self.code, Some(code), "{self:#?}");
+        let error = self.stderr.lines().find(|line| line.starts_with("error: "));
+        assert!(error.is_some(), "no `error: ...` line: {self:#?}");
+        for word in words {
+            assert!(self.stderr.contains(word), "expected {word:?} in {self:#?}");
+        }
+        self
+    }
+
+    /// Stdout as the one JSON document `--json` prints.
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:#?}"))
+    }
+}
+
+/// Runs `inbox --database-url <url> <args>` with nothing on stdin.
+fn cli(url: &str, args: &[&str]) -> Run {
+    cli_with_input(url, args, "")
+}
+
+/// Runs `inbox --database-url <url> <args>`, typing `input` on its stdin (then end of input).
+fn cli_with_input(url: &str, args: &[&str], input: &str) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("INBOX_CONSUMER")
+        .env("USER", "tester")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the inbox binary");
+    let mut stdin = child.stdin.take().expect("the child's stdin");
+    // A command that never reads its stdin may exit before this write: that is fine.
+    let _ = stdin.write_all(input.as_bytes());
+    drop(stdin);
+    let output = child.wait_with_output().expect("run the inbox binary");
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The cases, for one backend: `$url` gives a new database's URL, `$connect` a pool on it (for
+/// SQLite, creating the file), and `$ten_days_ago` is SQL for that moment.
+macro_rules! cli_suite {
+    ($db:ty, $url:path, $connect:path, $ten_days_ago:literal) => {
+        use inbox::prelude::*;
+        use serde_json::json;
+
+        use super::{cli, cli_with_input};
+
+        type Pool = sqlx::Pool<$db>;
+
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "test.order")]
+        struct Order {
+            id: String,
+        }
+
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "test.step")]
+        struct Step {
+            id: String,
+            account: String,
+            version: i64,
+        }
+
+        /// Fails permanently while the `broken` table has a row; records the order otherwise.
+        #[inbox_handler(key = "id", name = "record_order")]
+        async fn record_order(ctx: &mut Context<'_, $db>, order: Order) -> Result<(), HandlerError> {
+            let broken: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM broken").fetch_one(&mut **ctx).await?;
+            if broken > 0 {
+                return Err(HandlerError::permanent(HandlerError::msg("the `broken` table has a row")));
+            }
+            sqlx::query("INSERT INTO recorded (id) VALUES ($1)").bind(order.id).execute(&mut **ctx).await?;
+            Ok(())
+        }
+
+        /// Applies an account's steps strictly in order.
+        #[inbox_handler(key = "id", sequence = "version", aggregate = "account", ordering = "strict")]
+        async fn apply_step(ctx: &mut Context<'_, $db>, step: Step) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO recorded (id) VALUES ($1)").bind(step.id).execute(&mut **ctx).await?;
+            Ok(())
+        }
+
+        /// A database migrated by `inbox migrate`, with the tables of the handlers above.
+        async fn database(test: &str) -> Option<(Pool, String)> {
+            let url = $url(test).await?;
+            cli(&url, &["migrate"]).ok();
+            let pool = $connect(&url).await;
+            for ddl in ["CREATE TABLE broken (id TEXT)", "CREATE TABLE recorded (id TEXT NOT NULL)"] {
+                sqlx::query(ddl).execute(&pool).await.expect("create a test table");
+            }
+            Some((pool, url))
+        }
+
+        /// A database holding one dead message: order `o-1` of `record_order`.
+        async fn with_dead_order(test: &str) -> Option<(Pool, String, Inbox<$db>)> {
+            let (pool, url) = database(test).await?;
+            sqlx::query("INSERT INTO broken (id) VALUES ('o-1')").execute(&pool).await.unwrap();
+            let inbox = Inbox::builder(pool.clone()).handler(record_order).build().await.unwrap();
+            let order = Order { id: "o-1".into() };
+            let error = inbox.dispatch(&Envelope::encode("delivery-o-1", &order).unwrap()).await.unwrap_err();
+            assert!(error.to_string().contains("broken"), "{error}");
+            assert_eq!(row(&pool, "o-1").await.0, "dead");
+            Some((pool, url, inbox))
+        }
+
+        /// `(status, resolution, resolved_by, resolved_reason)` of message `id`.
+        async fn row(pool: &Pool, id: &str) -> (String, Option<String>, Option<String>, Option<String>) {
+            sqlx::query_as("SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = $1")
+                .bind(id.to_owned())
+                .fetch_one(pool)
+                .await
+                .expect("read the inbox row")
+        }
+
+        async fn recorded(pool: &Pool) -> Vec<String> {
+            sqlx::query_scalar("SELECT id FROM recorded ORDER BY id").fetch_all(pool).await.unwrap()
+        }
+
+        async fn count(pool: &Pool, status: &str, prefix: &str) -> i64 {
+            sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages WHERE status = $1 AND message_id LIKE $2")
+                .bind(status.to_owned())
+                .bind(format!("{prefix}%"))
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+
+        #[tokio::test]
+        async fn migrate_applies_the_schema_to_a_fresh_database() {
+            let Some(url) = $url("cli_migrate").await else { return };
+
+            let migrated = cli(&url, &["migrate"]).ok();
+            assert!(migrated.stdout.contains("up to date"), "{migrated:#?}");
+            let status = cli(&url, &["status", "--json"]).ok().json();
+
+            assert_eq!(status["handlers"], json!([]), "{status}");
+            assert_eq!(status["rejected"], json!([]), "{status}");
+            assert!(status["storage_bytes"].as_i64().is_some_and(|bytes| bytes > 0), "{status}");
+            let pool = $connect(&url).await;
+            let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages").fetch_one(&pool).await.unwrap();
+            assert_eq!(rows, 0);
+            cli(&url, &["migrate"]).ok();
+            let ddl = cli(&url, &["schema"]).ok().stdout;
+            assert!(ddl.contains("CREATE TABLE IF NOT EXISTS inbox_messages"), "{ddl}");
+        }
+
+        #[tokio::test]
+        async fn a_dead_message_is_listed_shown_and_replayed_by_the_running_consumer() {
+            let Some((pool, url, inbox)) = with_dead_order("cli_replay").await else { return };
+
+            let dead = cli(&url, &["dead", "list", "--json"]).ok().json();
+            assert_eq!(dead.as_array().map(Vec::len), Some(1), "{dead}");
+            assert_eq!((&dead[0]["handler"], &dead[0]["message_id"]), (&json!("record_order"), &json!("o-1")));
+            assert_eq!(dead[0]["last_error"], json!("the `broken` table has a row"));
+            let shown = cli(&url, &["dead", "show", "record_order", "o-1"]).ok().stdout;
+            assert!(shown.contains("the `broken` table has a row"), "{shown}");
+            assert!(shown.contains(r#""id":"o-1""#), "the payload, as text: {shown}");
+
+            sqlx::query("DELETE FROM broken").execute(&pool).await.unwrap();
+            let replayed = cli(&url, &["dead", "replay", "record_order", "o-1", "--reason", "fixed"]).ok();
+
+            assert!(replayed.stdout.contains("next sweep"), "{replayed:#?}");
+            let requested = (Some("replayed".to_owned()), Some("tester".to_owned()), Some("fixed".to_owned()));
+            let (status, resolution, by, reason) = row(&pool, "o-1").await;
+            assert_eq!((status.as_str(), (resolution, by, reason)), ("failed", requested));
+            assert!(recorded(&pool).await.is_empty(), "the CLI does not run handlers");
+            assert_eq!(inbox.replay_requested().await.unwrap(), 1);
+            assert_eq!(recorded(&pool).await, ["o-1"]);
+            assert_eq!(row(&pool, "o-1").await.0, "processed");
+            assert_eq!(cli(&url, &["dead", "list", "--json"]).ok().json(), json!([]));
+            let status = cli(&url, &["status", "--json"]).ok().json();
+            assert_eq!((&status["handlers"][0]["processed"], &status["handlers"][0]["dead"]), (&json!(1), &json!(0)), "{status}");
+            let table = cli(&url, &["status"]).ok().stdout;
+            assert!(table.contains("record_order") && table.contains("PROCESSED"), "{table}");
+        }
+
+        #[tokio::test]
+        async fn only_a_stored_dead_message_can_be_replayed() {
+            let Some((pool, url, _inbox)) = with_dead_order("cli_replay_missing").await else { return };
+
+            cli(&url, &["dead", "replay", "record_order", "o-2"]).failed(4, &["o-2", "inbox dead list"]);
+            cli(&url, &["dead", "show", "other_handler", "o-1"]).failed(4, &["other_handler"]);
+            cli(&url, &["dead", "replay", "record_order", "o-1", "--consumer", "billing"]).failed(4, &["billing"]);
+            cli(&url, &["dead", "replay", "record_order", "o-1"]).ok();
+            cli(&url, &["dead", "replay", "record_order", "o-1"]).failed(4, &["`failed`, not dead"]);
+
+            assert_eq!(row(&pool, "o-1").await.1.as_deref(), Some("replayed"));
+        }
+
+        #[tokio::test]
+        async fn discarding_a_dead_message_needs_confirmation() {
+            let Some((pool, url, _inbox)) = with_dead_order("cli_discard").await else { return };
+            let discard = ["dead", "discard", "record_order", "o-1", "--reason", "obsolete"];
+
+            let refused = cli_with_input(&url, &discard, "n\n").failed(5, &["aborted"]);
+            assert!(refused.stderr.contains("[y/N]"), "{refused:#?}");
+            assert_eq!(row(&pool, "o-1").await, ("dead".into(), None, None, None));
+            cli(&url, &discard).failed(5, &["aborted"]);
+            assert_eq!(row(&pool, "o-1").await.0, "dead", "the end of input is a no");
+
+            let discarded = cli(&url, &[&discard[..], &["--yes", "--json"]].concat()).ok().json();
+
+            assert_eq!(discarded["action"], json!("discarded"), "{discarded}");
+            let resolved = (Some("discarded".to_owned()), Some("tester".to_owned()), Some("obsolete".to_owned()));
+            assert_eq!(row(&pool, "o-1").await, ("discarded".into(), resolved.0, resolved.1, resolved.2));
+            let status = cli(&url, &["status", "--json"]).ok().json();
+            assert_eq!((&status["handlers"][0]["discarded"], &status["handlers"][0]["dead"]), (&json!(1), &json!(0)), "{status}");
+            cli(&url, &[&discard[..], &["--yes"]].concat()).failed(4, &["`discarded`, not dead"]);
+        }
+
+        #[tokio::test]
+        async fn a_skipped_gap_releases_the_parked_messages_on_the_next_sweep() {
+            let Some((pool, url)) = database("cli_gap").await else { return };
+            let inbox = Inbox::builder(pool.clone()).handler(apply_step).build().await.unwrap();
+            for version in [3, 4] {
+                let step = Step { id: format!("s-{version}"), account: "a-1".into(), version };
+                inbox.dispatch(&Envelope::encode(format!("delivery-{version}"), &step).unwrap()).await.unwrap();
+            }
+            let parked = cli(&url, &["parked", "list", "--json"]).ok().json();
+            assert_eq!(parked.as_array().map(Vec::len), Some(2), "{parked}");
+            assert_eq!((&parked[0]["aggregate_id"], &parked[0]["sequence_number"]), (&json!("a-1"), &json!(3)));
+
+            cli(&url, &["gap", "skip", "apply_step", "a-2", "--yes"]).failed(4, &["a-2", "no gap"]);
+            let stream: Option<i64> = sqlx::query_scalar("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'a-2'")
+                .fetch_optional(&pool).await.unwrap();
+            assert_eq!(stream, None, "a refused skip creates no stream");
+            cli_with_input(&url, &["gap", "skip", "apply_step", "a-1"], "y\n").ok();
+
+            assert!(recorded(&pool).await.is_empty(), "the CLI does not run handlers");
+            assert_eq!(inbox.resume().await.unwrap(), 2);
+            assert_eq!(recorded(&pool).await, ["s-3", "s-4"]);
+            assert_eq!(cli(&url, &["parked", "list", "--json"]).ok().json(), json!([]));
+        }
+
+        /// Inserts `rows` inbox rows `<prefix>-<n>` in `status`, received and handled ten days ago
+        /// if `old`, now otherwise.
+        async fn insert(pool: &Pool, prefix: &str, rows: usize, status: &str, old: bool) {
+            const NOW: &str = "INSERT INTO inbox_messages (consumer, handler, message_id, message_type, status, payload_hash, received_at, processed_at, failed_at) \
+                VALUES ('default', 'h', $1, 't', $2, $3, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)";
+            const OLD: &str = concat!(
+                "INSERT INTO inbox_messages (consumer, handler, message_id, message_type, status, payload_hash, received_at, processed_at, failed_at) \
+                 VALUES ('default', 'h', $1, 't', $2, $3, ", $ten_days_ago, ", ", $ten_days_ago, ", ", $ten_days_ago, ")"
+            );
+            let mut tx = pool.begin().await.unwrap();
+            for n in 0..rows {
+                sqlx::query(if old { OLD } else { NOW })
+                    .bind(format!("{prefix}-{n}"))
+                    .bind(status.to_owned())
+                    .bind(vec![0_u8; 32])
+                    .execute(&mut *tx)
+                    .await
+                    .expect("insert an inbox row");
+            }
+            tx.commit().await.unwrap();
+        }
+
+        #[tokio::test]
+        async fn purge_deletes_old_handled_rows_and_keeps_dead_ones() {
+            let Some((pool, url)) = database("cli_purge").await else { return };
+            insert(&pool, "old", 500, "processed", true).await;
+            insert(&pool, "recent", 20, "processed", false).await;
+            insert(&pool, "dead", 1, "dead", true).await;
+
+            let plan = cli(&url, &["purge", "--older-than", "7d", "--dry-run", "--json"]).ok().json();
+            assert_eq!((&plan["purgeable"], &plan["kept_dead"], &plan["kept_parked"]), (&json!(500), &json!(1), &json!(0)), "{plan}");
+            assert_eq!(count(&pool, "processed", "old").await, 500, "a dry run deletes nothing");
+            cli(&url, &["purge", "--older-than", "7d"]).failed(5, &["aborted"]);
+            assert_eq!(count(&pool, "processed", "old").await, 500, "no answer deletes nothing");
+
+            let done = cli(&url, &["purge", "--older-than", "7d", "--yes", "--batch-size", "100", "--json"]).ok().json();
+
+            assert_eq!((&done["led"], &done["purged"], &done["batches"]), (&json!(true), &json!(500), &json!(6)), "{done}");
+            assert_eq!(done["kept_dead"], json!(1), "{done}");
+            assert_eq!(count(&pool, "processed", "old").await, 0);
+            assert_eq!(count(&pool, "processed", "recent").await, 20);
+            assert_eq!(count(&pool, "dead", "dead").await, 1);
+            let text = cli(&url, &["purge", "--older-than", "7d", "--yes"]).ok().stdout;
+            assert!(text.contains("Purged 0") && text.contains("1 dead"), "{text}");
+        }
+
+        #[tokio::test]
+        async fn a_database_without_the_schema_is_refused_with_a_pointer_to_migrate() {
+            let Some(url) = $url("cli_no_schema").await else { return };
+            let pool = $connect(&url).await;
+
+            cli(&url, &["status"]).failed(3, &["inbox migrate"]);
+            cli(&url, &["dead", "list"]).failed(3, &["inbox migrate"]);
+            cli(&url, &["purge", "--older-than", "7d", "--yes"]).failed(3, &["inbox migrate"]);
+
+            let probe = sqlx::query("SELECT COUNT(*) FROM inbox_messages").execute(&pool).await;
+            assert!(probe.is_err(), "no command but migrate creates the tables");
+        }
+    };
+}
+
+mod sqlite {
+    use std::path::PathBuf;
+
+    /// A pool on the SQLite database at `url`, creating its file.
+    async fn connect(url: &str) -> sqlx::SqlitePool {
+        let options = inbox::sqlite_options(url).expect("a SQLite URL");
+        sqlx::SqlitePool::connect_with(options)
+            .await
+            .expect("open SQLite")
+    }
+
+    fn path(url: &str) -> PathBuf {
+        PathBuf::from(url.trim_start_matches("sqlite://"))
+    }
+
+    cli_suite!(
+        sqlx::Sqlite,
+        crate::common::sqlite_url,
+        connect,
+        "datetime('now', '-10 days')"
+    );
+
+    #[tokio::test]
+    async fn migrate_creates_a_missing_sqlite_file() {
+        let url = crate::common::sqlite_url("cli_create").await.unwrap();
+        assert!(!path(&url).exists());
+
+        cli(&url, &["migrate"]).ok();
+
+        assert!(path(&url).exists());
+    }
+
+    #[tokio::test]
+    async fn a_missing_sqlite_file_is_an_error_and_is_not_created() {
+        let url = crate::common::sqlite_url("cli_typo").await.unwrap();
+
+        cli(&url, &["status"]).failed(1, &["does not exist", "inbox migrate"]);
+        cli(&url, &["dead", "list"]).failed(1, &["does not exist"]);
+
+        assert!(
+            !path(&url).exists(),
+            "a typo'd path must not become an empty database"
+        );
+        let url = "sqlite:///no/such/directory/inbox.db";
+        cli(url, &["status"]).failed(1, &["/no/such/directory/inbox.db", "does not exist"]);
+    }
+}
+
+mod postgres {
+    async fn connect(url: &str) -> sqlx::PgPool {
+        sqlx::PgPool::connect(url)
+            .await
+            .expect("connect PostgreSQL")
+    }
+
+    cli_suite!(
+        sqlx::Postgres,
+        crate::common::postgres_url,
+        connect,
+        "now() - interval '10 days'"
+    );
+
+    #[tokio::test]
+    async fn a_purge_while_another_instance_purges_deletes_nothing() {
+        let Some((pool, url)) = database("cli_purge_busy").await else {
+            return;
+        };
+        insert(&pool, "old", 10, "processed", true).await;
+        let other = <sqlx::Postgres as inbox::Backend>::lead_purge(&pool)
+            .await
+            .unwrap();
+        let other = other.expect("nobody else purges this schema");
+
+        let busy = cli(&url, &["purge", "--older-than", "7d", "--yes", "--json"])
+            .ok()
+            .json();
+        let text = cli(&url, &["purge", "--older-than", "7d", "--yes"])
+            .ok()
+            .stdout;
+
+        assert_eq!(
+            (&busy["led"], &busy["purged"]),
+            (&json!(false), &json!(0)),
+            "{busy}"
+        );
+        assert!(text.contains("Another instance is purging"), "{text}");
+        assert_eq!(count(&pool, "processed", "old").await, 10);
+        other.step_down().await.unwrap();
+        cli(&url, &["purge", "--older-than", "7d", "--yes"]).ok();
+        assert_eq!(count(&pool, "processed", "old").await, 0);
+    }
+}
+
+#[test]
+fn an_unsupported_or_missing_database_url_is_a_usage_error() {
+    cli("mysql://root:secret@localhost/inbox", &["status"])
+        .failed(2, &["mysql", "postgres://", "sqlite://"]);
+    let run = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .arg("status")
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run the inbox binary");
+    assert_eq!(run.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("--database-url"));
+}
+
+#[test]
+fn a_bad_duration_is_a_usage_error() {
+    let run = cli(
+        "sqlite://unused.db",
+        &["purge", "--older-than", "7 parsecs"],
+    );
+    assert_eq!(run.code, Some(2), "{run:#?}");
+    assert!(run.stderr.contains("--older-than"), "{run:#?}");
+}
+
+#[test]
+fn the_schema_is_printed_without_a_database() {
+    for (backend, ddl) in [("postgres", "bytea"), ("sqlite", "BLOB")] {
+        let run = Command::new(env!("CARGO_BIN_EXE_inbox"))
+            .args(["schema", "--backend", backend])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run the inbox binary");
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert!(run.status.success(), "{run:?}");
+        assert!(
+            stdout.contains("CREATE TABLE IF NOT EXISTS inbox_messages") && stdout.contains(ddl),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn an_unreachable_server_is_an_error() {
+    cli("postgres://nobody@127.0.0.1:1/inbox", &["status"])
+        .failed(1, &["cannot connect", "127.0.0.1:1"]);
+}
