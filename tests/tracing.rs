@@ -1,15 +1,18 @@
 //! The span of a handled message carries the OpenTelemetry messaging attributes and the inbox's
-//! own, including the attempt and the outcome once they are known.
+//! own, including the attempt and the outcome once they are known; an unsafe retention window is
+//! a warning at startup.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use inbox::Retention;
 use inbox::prelude::*;
-use tracing::Subscriber;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
@@ -63,6 +66,42 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Spans {
             values.record(&mut Fields(fields));
         }
     }
+}
+
+/// The messages of every warning.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: Subscriber> Layer<S> for Warnings {
+    fn on_event(&self, event: &Event<'_>, _: LayerContext<'_, S>) {
+        if *event.metadata().level() == Level::WARN {
+            let mut fields = BTreeMap::new();
+            event.record(&mut Fields(&mut fields));
+            self.0.lock().unwrap().extend(fields.remove("message"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_retention_window_shorter_than_the_redelivery_horizon_warns_at_startup() {
+    let pool = common::sqlite("retention_warning").await.unwrap();
+    let warnings = Warnings::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let day = Duration::from_secs(86_400);
+    for window in [3 * day, day] {
+        let retention = Retention::new(window).redelivery_horizon(3 * day);
+        let builder = Inbox::builder(pool.clone()).retention(retention);
+        builder.handler(paid).build().await.unwrap();
+    }
+
+    let warnings = warnings.0.lock().unwrap().clone();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "only the one-day window warns: {warnings:?}"
+    );
+    assert!(warnings[0].contains("shorter than the broker's redelivery horizon"));
 }
 
 #[tokio::test]
