@@ -191,6 +191,24 @@ macro_rules! failures_suite {
         }
 
         #[tokio::test]
+        async fn a_replay_requested_from_outside_is_handled_by_the_running_inbox() {
+            let Some(pool) = database("replay_requested").await else { return };
+            let broken = inbox(&pool, quick(1)).await;
+            broken.dispatch(&envelope(&job("poison", "poison"))).await.unwrap_err();
+            let key = inbox::MessageKey { consumer: broken.consumer(), handler: "jobs", message_id: "poison" };
+            inbox::request_replay(&pool, &key, ("ops@example.com", "fixed in 1.2.3")).await.unwrap();
+            assert_eq!(done(&pool).await, [], "a request runs nothing by itself");
+
+            let fixed = Inbox::builder(pool.clone()).handler(run_job_fixed).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            broker.close();
+            fixed.run(broker.source()).await.unwrap();
+
+            assert_eq!(done(&pool).await, [("poison".into(), 1, None)], "the run's sweep handled it");
+            assert!(fixed.dead().await.unwrap().is_empty());
+        }
+
+        #[tokio::test]
         async fn dead_letters_are_listed_by_handler_type_and_age() {
             let Some(pool) = database("dead_filter").await else { return };
             let inbox = inbox(&pool, quick(1)).await;
