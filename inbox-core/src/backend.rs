@@ -649,8 +649,11 @@ const REPLAYS_REQUESTED: &str = "SELECT message_id FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND status = 'failed' AND resolution = 'replayed' \
     ORDER BY aggregate_id, sequence_number, message_id LIMIT $3";
 
-const BACKLOG: &str = "SELECT handler, status, COUNT(*) FROM inbox_messages \
-    WHERE consumer = $1 AND status IN ('parked', 'dead') GROUP BY handler, status";
+/// One query per status, so each matches its partial index exactly: this runs on every sweep.
+const BACKLOG: &str = "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_messages \
+    WHERE consumer = $1 AND status = 'parked' GROUP BY handler \
+    UNION ALL SELECT handler, 'dead' AS status, COUNT(*) FROM inbox_messages \
+    WHERE consumer = $1 AND status = 'dead' GROUP BY handler";
 
 const REJECTED_COUNTS: &str = "SELECT consumer, COUNT(*) FROM inbox_rejected \
     WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer";
@@ -689,7 +692,7 @@ macro_rules! sql_backend {
         since: $since:literal,
         age: $age:literal,
         older: $older:literal,
-        skip_locked: $skip_locked:literal,
+        purge_rows: ($purge_head:literal, $purge_tail:literal),
         storage: $storage:literal,
         lead: |$lead_pool:ident| $lead:expr,
         migrations: $migrations:literal,
@@ -1096,13 +1099,11 @@ macro_rules! sql_backend {
 
             async fn purge_batch(pool: &Pool<Self>, older_than_secs: f64, limit: i64) -> Result<u64, sqlx::Error> {
                 const PURGE_BATCH: &str = concat!(
-                    "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN (\
-                     SELECT consumer, handler, message_id FROM inbox_messages \
-                     WHERE status IN ('processed', 'stale') AND processed_at ",
+                    $purge_head,
+                    " FROM inbox_messages WHERE status IN ('processed', 'stale') AND processed_at ",
                     $older,
                     " ORDER BY processed_at LIMIT $2",
-                    $skip_locked,
-                    ")"
+                    $purge_tail
                 );
                 let purged = sqlx::query(PURGE_BATCH).bind(older_than_secs).bind(limit).execute(pool).await?;
                 Ok(purged.rows_affected())
@@ -1140,7 +1141,11 @@ sql_backend!(
     since: ">= now() - make_interval(secs => $4)",
     age: "EXTRACT(EPOCH FROM now() - received_at)::float8",
     older: "< now() - make_interval(secs => $1)",
-    skip_locked: " FOR UPDATE SKIP LOCKED",
+    // By physical row id: a join on the key would scan the table once per batch.
+    purge_rows: (
+        "DELETE FROM inbox_messages WHERE ctid = ANY(ARRAY(SELECT ctid",
+        " FOR UPDATE SKIP LOCKED))"
+    ),
     storage: "SELECT (pg_total_relation_size('inbox_messages') + pg_total_relation_size('inbox_streams') \
               + pg_total_relation_size('inbox_rejected'))::int8",
     lead: |pool| lead_with_advisory_lock(pool).await,
@@ -1160,7 +1165,10 @@ sql_backend!(
     since: ">= datetime('now', '-' || $4 || ' seconds')",
     age: "(julianday('now') - julianday(received_at)) * 86400.0",
     older: "< datetime('now', '-' || $1 || ' seconds')",
-    skip_locked: "",
+    purge_rows: (
+        "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN (SELECT consumer, handler, message_id",
+        ")"
+    ),
     storage: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
     lead: |_pool| Ok(Some(PurgeLeader { lock: None })),
     migrations: "./migrations/sqlite",
