@@ -71,6 +71,14 @@ fn cli_with_input(url: &str, args: &[&str], input: &str) -> Run {
     }
 }
 
+/// Whether `text` is a time as the CLI shows it: `YYYY-MM-DD HH:MM:SS`, in UTC.
+fn utc_time(text: &str) -> bool {
+    let shape = text
+        .chars()
+        .map(|c| if c.is_ascii_digit() { '9' } else { c });
+    shape.collect::<String>() == "9999-99-99 99:99:99"
+}
+
 /// The cases, for one backend: `$url` gives a new database's URL, `$connect` a pool on it (for
 /// SQLite, creating the file), and `$ten_days_ago` is SQL for that moment.
 macro_rules! cli_suite {
@@ -186,6 +194,8 @@ macro_rules! cli_suite {
             assert_eq!(dead.as_array().map(Vec::len), Some(1), "{dead}");
             assert_eq!((&dead[0]["handler"], &dead[0]["message_id"]), (&json!("record_order"), &json!("o-1")));
             assert_eq!(dead[0]["last_error"], json!("the `broken` table has a row"));
+            let (received, failed) = (dead[0]["received_at"].as_str().unwrap(), dead[0]["failed_at"].as_str().unwrap());
+            assert!(crate::utc_time(received) && crate::utc_time(failed) && received <= failed, "UTC times on every backend: {dead}");
             let shown = cli(&url, &["dead", "show", "record_order", "o-1"]).ok().stdout;
             assert!(shown.contains("the `broken` table has a row"), "{shown}");
             assert!(shown.contains(r#""id":"o-1""#), "the payload, as text: {shown}");

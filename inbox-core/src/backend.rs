@@ -240,6 +240,10 @@ pub struct StoredMessage {
     pub resolved_by: Option<String>,
     /// Why.
     pub resolved_reason: Option<String>,
+    /// When it was first received, in UTC (`YYYY-MM-DD HH:MM:SS`).
+    pub received_at: String,
+    /// When its last attempt failed, in UTC (`YYYY-MM-DD HH:MM:SS`), if one did.
+    pub failed_at: Option<String>,
 }
 
 /// The dedup rows of one handler of one consumer, by status.
@@ -658,23 +662,19 @@ const BACKLOG: &str = "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_m
 const REJECTED_COUNTS: &str = "SELECT consumer, COUNT(*) FROM inbox_rejected \
     WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer";
 
-/// The columns of a [`StoredMessage`], for `concat!`.
+/// The columns of a [`StoredMessage`], for `concat!`, with the backend's `received_at` and
+/// `failed_at` as UTC text.
 macro_rules! stored_message {
-    () => {
-        "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, first_error, \
-         error_text, attempt_count, payload, resolution, resolved_by, resolved_reason FROM inbox_messages "
+    ($times:literal) => {
+        concat!(
+            "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, \
+             first_error, error_text, attempt_count, payload, resolution, resolved_by, \
+             resolved_reason, ",
+            $times,
+            " FROM inbox_messages "
+        )
     };
 }
-
-const LIST: &str = concat!(
-    stored_message!(),
-    "WHERE consumer = $1 AND status = $2 ORDER BY handler, aggregate_id, sequence_number, message_id"
-);
-
-const SHOW: &str = concat!(
-    stored_message!(),
-    "WHERE consumer = $1 AND handler = $2 AND message_id = $3"
-);
 
 const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
     s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0";
@@ -691,6 +691,7 @@ macro_rules! sql_backend {
         overdue: $overdue:literal,
         since: $since:literal,
         age: $age:literal,
+        times: $times:literal,
         older: $older:literal,
         purge_rows: ($purge_head:literal, $purge_tail:literal),
         storage: $storage:literal,
@@ -1015,7 +1016,7 @@ macro_rules! sql_backend {
                 filter: &DeadLetterFilter,
             ) -> Result<Vec<StoredMessage>, sqlx::Error> {
                 const DEAD_LETTERS: &str = concat!(
-                    stored_message!(),
+                    stored_message!($times),
                     "WHERE consumer = $1 AND status = 'dead' \
                      AND ($2 IS NULL OR handler = $2) AND ($3 IS NULL OR message_type = $3) \
                      AND ($4 IS NULL OR failed_at ",
@@ -1032,6 +1033,10 @@ macro_rules! sql_backend {
             }
 
             async fn show(pool: &Pool<Self>, key: &MessageKey<'_>) -> Result<Option<StoredMessage>, sqlx::Error> {
+                const SHOW: &str = concat!(
+                    stored_message!($times),
+                    "WHERE consumer = $1 AND handler = $2 AND message_id = $3"
+                );
                 sqlx::query_as(SHOW)
                     .bind(key.consumer)
                     .bind(key.handler)
@@ -1041,6 +1046,10 @@ macro_rules! sql_backend {
             }
 
             async fn list(pool: &Pool<Self>, consumer: &str, status: &str) -> Result<Vec<StoredMessage>, sqlx::Error> {
+                const LIST: &str = concat!(
+                    stored_message!($times),
+                    "WHERE consumer = $1 AND status = $2 ORDER BY handler, aggregate_id, sequence_number, message_id"
+                );
                 sqlx::query_as(LIST).bind(consumer).bind(status).fetch_all(pool).await
             }
 
@@ -1140,6 +1149,8 @@ sql_backend!(
     overdue: "< now() - make_interval(secs => $3)",
     since: ">= now() - make_interval(secs => $4)",
     age: "EXTRACT(EPOCH FROM now() - received_at)::float8",
+    times: "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS received_at, \
+            to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS failed_at",
     older: "< now() - make_interval(secs => $1)",
     // By physical row id: a join on the key would scan the table once per batch.
     purge_rows: (
@@ -1164,6 +1175,7 @@ sql_backend!(
     overdue: "< datetime('now', '-' || $3 || ' seconds')",
     since: ">= datetime('now', '-' || $4 || ' seconds')",
     age: "(julianday('now') - julianday(received_at)) * 86400.0",
+    times: "received_at, failed_at",
     older: "< datetime('now', '-' || $1 || ' seconds')",
     purge_rows: (
         "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN (SELECT consumer, handler, message_id",

@@ -39,6 +39,10 @@ struct MessageSummary {
     status: String,
     attempt_count: i32,
     last_error: Option<String>,
+    /// UTC.
+    received_at: String,
+    /// UTC.
+    failed_at: Option<String>,
 }
 
 impl MessageList {
@@ -63,6 +67,8 @@ impl From<StoredMessage> for MessageSummary {
             status: message.status,
             attempt_count: message.attempt_count,
             last_error: message.error_text,
+            received_at: message.received_at,
+            failed_at: message.failed_at,
         }
     }
 }
@@ -79,12 +85,20 @@ impl Render for MessageList {
                     "AGGREGATE",
                     "SEQUENCE",
                     "ATTEMPTS",
+                    "FAILED AT (UTC)",
                     "ERROR",
                 ],
             ),
             ListKind::Parked => (
                 "parked",
-                &["HANDLER", "AGGREGATE", "SEQUENCE", "MESSAGE ID", "TYPE"],
+                &[
+                    "HANDLER",
+                    "AGGREGATE",
+                    "SEQUENCE",
+                    "MESSAGE ID",
+                    "TYPE",
+                    "RECEIVED AT (UTC)",
+                ],
             ),
         };
         if self.messages.is_empty() {
@@ -108,9 +122,20 @@ impl MessageList {
                 aggregate,
                 sequence,
                 message.attempt_count.to_string(),
+                cell(message.failed_at.as_ref()),
                 cell(message.last_error.as_deref().map(shorten)),
             ],
-            ListKind::Parked => vec![message.handler.clone(), aggregate, sequence, id, kind],
+            ListKind::Parked => {
+                let received = message.received_at.clone();
+                vec![
+                    message.handler.clone(),
+                    aggregate,
+                    sequence,
+                    id,
+                    kind,
+                    received,
+                ]
+            }
         }
     }
 }
@@ -167,6 +192,8 @@ impl Render for MessageDetail {
             ("sequence", summary.sequence_number.map(|n| n.to_string())),
             ("status", Some(summary.status.clone())),
             ("attempts", Some(summary.attempt_count.to_string())),
+            ("received at (UTC)", Some(summary.received_at.clone())),
+            ("failed at (UTC)", summary.failed_at.clone()),
             ("first error", self.first_error.clone()),
             ("last error", summary.last_error.clone()),
             ("resolution", self.resolution.clone()),
