@@ -93,7 +93,7 @@ pub use inbox_core::{
     Envelope, Error, ExpiredGap, Handler, HandlerError, HandlerStatus, Headers, Identifier,
     Identity, MAX_ID_LEN, MIGRATIONS_TABLE, Message, MessageKey, Ordering, Outcome, PurgeLeader,
     PurgePreview, PurgeReport, RejectedDelivery, Retention, RetryPolicy, SequenceNumber, Status,
-    StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema,
+    Store, StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema,
     sqlite_options, status,
 };
 pub use inbox_macros::{Message, inbox_handler};

@@ -168,7 +168,7 @@ mod postgres {
         seed(&pool, "old", 100, "processed", ANCIENT).await;
         let retention = Retention::new(window_to_2010());
         let elsewhere = second_pool(&pool).await;
-        let leader = <sqlx::Postgres as inbox::Backend>::lead_purge(&elsewhere)
+        let leader = <sqlx::Postgres as inbox::Store>::lead_purge(&elsewhere)
             .await
             .unwrap()
             .expect("nobody else is purging");

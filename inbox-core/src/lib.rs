@@ -15,11 +15,11 @@ mod outcome;
 mod retention;
 mod retry;
 mod status;
+mod store;
 
 pub use backend::{
-    Backend, Claim, Claimed, DeadLetterFilter, Failure, HandlerStatus, MIGRATIONS_TABLE,
-    MessageKey, ParkedMessage, PurgeLeader, PurgePreview, RejectedDelivery, Resolution,
-    StoredMessage, StoredPayload, Stream, sqlite_options,
+    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, Resolution,
+    StoredPayload, Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
@@ -37,6 +37,10 @@ pub use outcome::Outcome;
 pub use retention::{PurgeReport, Retention, purge, purge_preview};
 pub use retry::RetryPolicy;
 pub use status::{Status, status};
+pub use store::{
+    DeadLetterFilter, HandlerStatus, PurgeLeader, PurgePreview, RejectedDelivery, Store,
+    StoredMessage,
+};
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in
 /// their own table, [`MIGRATIONS_TABLE`], apart from the application's).

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::backend::{Backend, PurgePreview};
+use crate::backend::Backend;
 use crate::error::Error;
+use crate::store::PurgePreview;
 
 /// How long dedup rows are kept, and how a purge deletes them.
 ///

@@ -2,8 +2,9 @@
 
 use sqlx::Pool;
 
-use crate::backend::{Backend, HandlerStatus};
+use crate::backend::Backend;
 use crate::error::Error;
+use crate::store::HandlerStatus;
 
 /// The state of an inbox database, over every consumer.
 #[derive(Debug, Clone, PartialEq)]
