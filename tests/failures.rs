@@ -208,6 +208,80 @@ macro_rules! failures_suite {
             assert!(fixed.dead().await.unwrap().is_empty());
         }
 
+        /// A poison job, dead after one attempt, whose replay is requested.
+        async fn replay_of_dead_poison(pool: &Pool) -> Inbox<$db> {
+            let broken = inbox(pool, quick(1)).await;
+            broken.dispatch(&envelope(&job("poison", "poison"))).await.unwrap_err();
+            let key = inbox::MessageKey { consumer: broken.consumer(), handler: "jobs", message_id: "poison" };
+            inbox::request_replay(pool, &key, ("ops@example.com", "try again")).await.unwrap();
+            broken
+        }
+
+        #[tokio::test]
+        async fn a_running_inbox_handles_a_replay_requested_while_it_runs() {
+            let Some(pool) = database("replay_while_running").await else { return };
+            let broken = inbox(&pool, quick(1)).await;
+            broken.dispatch(&envelope(&job("poison", "poison"))).await.unwrap_err();
+            let fixed = Inbox::builder(pool.clone())
+                .sweep_interval(Duration::from_millis(20))
+                .handler(run_job_fixed)
+                .build()
+                .await
+                .unwrap();
+            let broker = MemoryBroker::new();
+            // Polled once the run has made its first sweep: the request waits for a later one.
+            let operator = async {
+                let key = inbox::MessageKey { consumer: "default", handler: "jobs", message_id: "poison" };
+                inbox::request_replay(&pool, &key, ("ops@example.com", "fixed")).await.unwrap();
+                while done(&pool).await.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            let run = tokio::time::timeout(Duration::from_secs(30), fixed.run_until(broker.source(), operator));
+            let report = run.await.expect("a sweep handles the replay").unwrap();
+
+            assert_eq!(report.replayed, 1);
+            assert_eq!(done(&pool).await, [("poison".into(), 1, None)]);
+        }
+
+        #[tokio::test]
+        async fn a_requested_replay_that_fails_again_waits_for_its_retry_delay_then_dies() {
+            let Some(pool) = database("replay_backoff").await else { return };
+            replay_of_dead_poison(&pool).await;
+            let hour = Duration::from_secs(3600);
+            let patient = inbox(&pool, RetryPolicy::new(3).backoff(hour, hour)).await;
+            let attempts = |row: Option<(String, i32, Option<String>, Option<String>)>| row.map(|(status, n, ..)| (status, n));
+
+            assert_eq!(patient.replay_requested().await.unwrap(), 0);
+            assert_eq!(attempts(row(&pool, "poison").await), Some(("failed".into(), 1)));
+            patient.replay_requested().await.unwrap();
+            assert_eq!(attempts(row(&pool, "poison").await), Some(("failed".into(), 1)), "not due for an hour");
+
+            let quick_one = inbox(&pool, RetryPolicy::new(2).backoff(Duration::ZERO, Duration::ZERO)).await;
+            quick_one.replay_requested().await.unwrap();
+            assert_eq!(attempts(row(&pool, "poison").await), Some(("dead".into(), 2)), "the policy gave up");
+            quick_one.replay_requested().await.unwrap();
+            assert_eq!(attempts(row(&pool, "poison").await), Some(("dead".into(), 2)), "a dead message is not replayed");
+        }
+
+        #[tokio::test]
+        async fn a_requested_replay_that_no_longer_decodes_is_dead_with_the_reason() {
+            let Some(pool) = database("replay_undecodable").await else { return };
+            let broken = replay_of_dead_poison(&pool).await;
+            sqlx::query("UPDATE inbox_messages SET payload = $1 WHERE message_id = 'poison'")
+                .bind(b"{\"id\": 7}".to_vec())
+                .execute(&pool)
+                .await
+                .unwrap();
+
+            assert_eq!(broken.replay_requested().await.unwrap(), 0);
+
+            let (status, _, _, error) = row(&pool, "poison").await.unwrap();
+            assert_eq!(status, "dead");
+            assert!(error.unwrap().starts_with("cannot be replayed: "), "the reason is kept");
+            assert_eq!(broken.replay_requested().await.unwrap(), 0, "and it is not tried again");
+        }
+
         #[tokio::test]
         async fn dead_letters_are_listed_by_handler_type_and_age() {
             let Some(pool) = database("dead_filter").await else { return };

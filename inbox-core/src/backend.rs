@@ -172,10 +172,12 @@ pub trait Backend: Store {
         failure: &Failure<'_>,
     ) -> impl Future<Output = Result<Option<u32>, sqlx::Error>> + Send;
 
-    /// Marks a `failed` message dead, keeping its payload for an operator.
+    /// Marks a `failed` message dead, keeping its payload for an operator; `reason`, if
+    /// given, replaces its last error.
     fn bury(
         conn: &mut Self::Connection,
         key: &MessageKey<'_>,
+        reason: Option<&str>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Sets the status of a dedup row (`processed`, `stale`), dropping any parked payload.
@@ -332,7 +334,7 @@ const SETTLE: &str = "UPDATE inbox_messages \
     SET status = $4, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
-const BURY: &str = "UPDATE inbox_messages SET status = 'dead' \
+const BURY: &str = "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($4, error_text) \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status = 'failed'";
 
 const PARK: &str = "UPDATE inbox_messages \
@@ -419,6 +421,44 @@ macro_rules! sql_backend {
                 .await
         }
 
+        /// Inserts the dedup row or reads the one there; `None` if that one vanished meanwhile.
+        async fn try_claim(
+            conn: &mut <$db as sqlx::Database>::Connection,
+            claim: &Claim<'_>,
+        ) -> Result<Option<Claimed>, sqlx::Error> {
+            let inserted = sqlx::query(INSERT_CLAIM)
+                .bind(claim.consumer)
+                .bind(claim.handler)
+                .bind(claim.message_id)
+                .bind(claim.message_type)
+                .bind(claim.aggregate)
+                .bind(claim.sequence)
+                .bind(claim.payload_hash)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if inserted == 1 {
+                return Ok(Some(Claimed::New));
+            }
+            let failed_attempts: Option<i32> = sqlx::query_scalar(RETRY_CLAIM)
+                .bind(claim.consumer)
+                .bind(claim.handler)
+                .bind(claim.message_id)
+                .bind(claim.payload_hash)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(failed) = failed_attempts {
+                return Ok(Some(Claimed::Retry { attempt: u32::try_from(failed).unwrap_or(0) + 1 }));
+            }
+            let seen: Option<(Vec<u8>, String)> = sqlx::query_as(SELECT_CLAIM)
+                .bind(claim.consumer)
+                .bind(claim.handler)
+                .bind(claim.message_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            Ok(seen.map(|(payload_hash, status)| Claimed::Seen { payload_hash, status }))
+        }
+
         impl Backend for $db {
             const DEFAULT_WORKERS: usize = $workers;
 
@@ -427,37 +467,13 @@ macro_rules! sql_backend {
             }
 
             async fn claim(conn: &mut Self::Connection, claim: &Claim<'_>) -> Result<Claimed, sqlx::Error> {
-                let inserted = sqlx::query(INSERT_CLAIM)
-                    .bind(claim.consumer)
-                    .bind(claim.handler)
-                    .bind(claim.message_id)
-                    .bind(claim.message_type)
-                    .bind(claim.aggregate)
-                    .bind(claim.sequence)
-                    .bind(claim.payload_hash)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                if inserted == 1 {
-                    return Ok(Claimed::New);
+                // A row that conflicts and is then gone was purged in between: claim it again.
+                for _ in 0..3 {
+                    if let Some(claimed) = try_claim(conn, claim).await? {
+                        return Ok(claimed);
+                    }
                 }
-                let failed_attempts: Option<i32> = sqlx::query_scalar(RETRY_CLAIM)
-                    .bind(claim.consumer)
-                    .bind(claim.handler)
-                    .bind(claim.message_id)
-                    .bind(claim.payload_hash)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                if let Some(failed) = failed_attempts {
-                    return Ok(Claimed::Retry { attempt: u32::try_from(failed).unwrap_or(0) + 1 });
-                }
-                let (payload_hash, status): (Vec<u8>, String) = sqlx::query_as(SELECT_CLAIM)
-                    .bind(claim.consumer)
-                    .bind(claim.handler)
-                    .bind(claim.message_id)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                Ok(Claimed::Seen { payload_hash, status })
+                Err(sqlx::Error::RowNotFound)
             }
 
             async fn record_failure(
@@ -481,11 +497,16 @@ macro_rules! sql_backend {
                 Ok(failed.map(|failed| u32::try_from(failed).unwrap_or(0)))
             }
 
-            async fn bury(conn: &mut Self::Connection, key: &MessageKey<'_>) -> Result<(), sqlx::Error> {
+            async fn bury(
+                conn: &mut Self::Connection,
+                key: &MessageKey<'_>,
+                reason: Option<&str>,
+            ) -> Result<(), sqlx::Error> {
                 sqlx::query(BURY)
                     .bind(key.consumer)
                     .bind(key.handler)
                     .bind(key.message_id)
+                    .bind(reason)
                     .execute(&mut *conn)
                     .await?;
                 Ok(())

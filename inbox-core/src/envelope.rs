@@ -54,7 +54,7 @@ impl Envelope {
     }
 
     /// When the producer published the message (the broker's timestamp): a runtime then records
-    /// the end-to-end lag, from publication to handled, in `inbox_lag_seconds`.
+    /// the end-to-end lag, from publication to processed, in `inbox_lag_seconds`.
     pub fn with_produced_at(mut self, produced_at: SystemTime) -> Self {
         self.produced_at = Some(produced_at);
         self

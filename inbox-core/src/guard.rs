@@ -20,6 +20,7 @@ use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
+use crate::store::RequestedReplay;
 
 /// What guarding one message did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,7 +265,7 @@ async fn record_failure<DB: Backend>(
             false => retry.delay_after(failed),
         };
         if retry_after.is_none() {
-            DB::bury(&mut tx, &claim.key()).await?;
+            DB::bury(&mut tx, &claim.key(), None).await?;
         }
         tx.commit().await?;
         Ok::<_, sqlx::Error>((failed, retry_after))
@@ -469,17 +470,8 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
         tx.commit().await?;
         return Ok(Some(Outcome::Stale));
     }
-    let decode_error = |reason: String| Error::Decode {
-        message_type: H::Message::TYPE.to_owned(),
-        reason,
-    };
-    let message: H::Message =
-        serde_json::from_slice(&parked.payload).map_err(|e| decode_error(e.to_string()))?;
-    let headers: Headers = match &parked.headers {
-        Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
-        None => Headers::new(),
-    };
-    let identity = handler.identity(&message)?;
+    let (message, headers, identity) =
+        decode_stored(handler, &parked.payload, parked.headers.as_deref())?;
     DB::set_stream(&mut tx, &stream, parked.sequence_number).await?;
     let run = run_handler(tx, consumer, handler, &identity, Some(&headers), 1, message);
     let mut tx = run.await.map_err(|error| Error::Handler {
@@ -674,9 +666,10 @@ async fn resolve_dead<DB: Backend>(
 }
 
 /// Handles the messages of `handler` whose replay was requested (by [`request_replay`], or a
-/// replay that failed again), each from its stored payload through the guarded path; at most 500
-/// per call. A message that fails is recorded like any failure, so it is tried again by the next
-/// call until its retry policy gives up and it is dead again. Returns how many were processed.
+/// replay that failed again and whose retry delay has passed), each from its stored payload through
+/// the guarded path; at most 500 per call. A message that fails is recorded like any failure, so it
+/// is tried again by a later call until `retry` gives up and it is dead again; one that can no
+/// longer be decoded is dead at once, with the reason. Returns how many were processed.
 pub async fn replay_requested<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -684,8 +677,12 @@ pub async fn replay_requested<DB: Backend, H: Handler<DB>>(
     retry: &RetryPolicy,
 ) -> Result<u32, Error> {
     let mut processed = 0;
-    for message_id in DB::replays_requested(pool, consumer, handler.name(), 500).await? {
-        match rerun(pool, consumer, handler, &message_id, retry).await {
+    for requested in DB::replays_requested(pool, consumer, handler.name(), 500).await? {
+        if !replay_due(&requested, retry) {
+            continue;
+        }
+        let message_id = &requested.message_id;
+        match rerun(pool, consumer, handler, message_id, retry).await {
             Ok(outcome) => processed += u32::from(outcome == Outcome::Processed),
             Err(error) => {
                 tracing::warn!(handler = handler.name(), message_id, %error, "a requested replay failed")
@@ -695,7 +692,21 @@ pub async fn replay_requested<DB: Backend, H: Handler<DB>>(
     Ok(processed)
 }
 
-/// Handles a failed message again from its stored payload and headers.
+/// Whether a requested replay is due: at once when requested, then after the retry policy's delay
+/// for the attempts that failed since.
+fn replay_due(requested: &RequestedReplay, retry: &RetryPolicy) -> bool {
+    let failed = u32::try_from(requested.attempt_count).unwrap_or(0);
+    if failed == 0 {
+        return true;
+    }
+    let waited = requested.failed_secs_ago.unwrap_or(f64::MAX);
+    retry
+        .delay_after(failed)
+        .is_none_or(|delay| waited >= delay.as_secs_f64())
+}
+
+/// Handles a failed message again from its stored payload and headers; one that cannot be decoded
+/// any more is marked dead with the reason.
 async fn rerun<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -708,25 +719,18 @@ async fn rerun<DB: Backend, H: Handler<DB>>(
         handler: handler.name(),
         message_id,
     };
-    let stored = DB::stored(pool, &key).await?;
-    let Some(payload) = stored
-        .as_ref()
-        .filter(|stored| stored.status == "failed")
-        .and_then(|stored| stored.payload.as_deref())
+    let Some(stored) = DB::stored(pool, &key)
+        .await?
+        .filter(|s| s.status == "failed")
     else {
         return Ok(Outcome::Duplicate);
     };
-    let decode_error = |reason: String| Error::Decode {
-        message_type: H::Message::TYPE.to_owned(),
-        reason,
-    };
-    let message: H::Message =
-        serde_json::from_slice(payload).map_err(|e| decode_error(e.to_string()))?;
-    let headers: Headers = match stored.as_ref().and_then(|stored| stored.headers.as_deref()) {
-        Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
-        None => Headers::new(),
-    };
-    let identity = handler.identity(&message)?;
+    let payload = stored.payload.as_deref().unwrap_or_default();
+    let (message, headers, identity) =
+        match decode_stored(handler, payload, stored.headers.as_deref()) {
+            Ok(decoded) => decoded,
+            Err(error) => return bury_unreplayable(pool, &key, error).await,
+        };
     let guarded = process(
         pool,
         consumer,
@@ -735,7 +739,39 @@ async fn rerun<DB: Backend, H: Handler<DB>>(
         &identity,
         Some(&headers),
         retry,
-    )
-    .await?;
-    Ok(guarded.outcome)
+    );
+    Ok(guarded.await?.outcome)
+}
+
+/// Marks dead a failed message whose stored payload no longer decodes, and returns why.
+async fn bury_unreplayable<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    error: Error,
+) -> Result<Outcome, Error> {
+    let reason = format!("cannot be replayed: {error}");
+    let mut tx = DB::begin(pool).await?;
+    DB::bury(&mut tx, key, Some(&reason)).await?;
+    tx.commit().await?;
+    Err(error)
+}
+
+/// A stored message, its headers and its identity, decoded for `handler`.
+fn decode_stored<DB: Backend, H: Handler<DB>>(
+    handler: &H,
+    payload: &[u8],
+    headers: Option<&str>,
+) -> Result<(H::Message, Headers, Identity), Error> {
+    let decode_error = |reason: String| Error::Decode {
+        message_type: H::Message::TYPE.to_owned(),
+        reason,
+    };
+    let message: H::Message =
+        serde_json::from_slice(payload).map_err(|e| decode_error(e.to_string()))?;
+    let headers: Headers = match headers {
+        Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
+        None => Headers::new(),
+    };
+    let identity = handler.identity(&message)?;
+    Ok((message, headers, identity))
 }

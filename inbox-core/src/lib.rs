@@ -38,8 +38,8 @@ pub use retention::{PurgeReport, Retention, purge, purge_preview};
 pub use retry::RetryPolicy;
 pub use status::{Status, status};
 pub use store::{
-    DeadLetterFilter, HandlerStatus, PurgeLeader, PurgePreview, RejectedDelivery, Store,
-    StoredMessage,
+    DeadLetterFilter, HandlerStatus, PurgeLeader, PurgePreview, RejectedDelivery, RequestedReplay,
+    Store, StoredMessage,
 };
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in

@@ -72,7 +72,7 @@ impl Retention {
     }
 
     /// How often a runtime purges (default: hourly).
-    pub fn interval(mut self, interval: Duration) -> Self {
+    pub fn every(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self
     }
@@ -83,7 +83,7 @@ impl Retention {
     }
 
     /// How often a runtime purges.
-    pub fn every(&self) -> Duration {
+    pub fn interval(&self) -> Duration {
         self.interval
     }
 

@@ -151,6 +151,17 @@ pub struct PurgePreview {
     pub dead: i64,
 }
 
+/// A message whose replay an operator requested, as the sweep finds it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RequestedReplay {
+    /// The dedup key.
+    pub message_id: String,
+    /// Failed attempts since the request (0 until the first replay fails).
+    pub attempt_count: i32,
+    /// How long ago its last attempt failed, in seconds.
+    pub failed_secs_ago: Option<f64>,
+}
+
 /// The right to purge, held by one instance at a time (see [`Store::lead_purge`]).
 ///
 /// On PostgreSQL it holds the connection that owns the advisory lock; the lock goes when
@@ -216,14 +227,14 @@ pub trait Store: sqlx::Database {
         status: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, sqlx::Error>> + Send;
 
-    /// The message ids of `handler` that an operator asked to replay (failed, resolution
+    /// The messages of `handler` that an operator asked to replay (failed, resolution
     /// `replayed`), by aggregate and sequence; at most `limit`.
     fn replays_requested(
         pool: &Pool<Self>,
         consumer: &str,
         handler: &str,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<RequestedReplay>, sqlx::Error>> + Send;
 
     /// `(handler, status, count)` of the parked and dead messages of `consumer`.
     fn backlog(
@@ -274,16 +285,6 @@ const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
     SET resolution = $3, resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
 
-const REPLAYS_REQUESTED: &str = "SELECT message_id FROM inbox_messages \
-    WHERE consumer = $1 AND handler = $2 AND status = 'failed' AND resolution = 'replayed' \
-    ORDER BY aggregate_id, sequence_number, message_id LIMIT $3";
-
-/// One query per status, so each matches its partial index exactly: this runs on every sweep.
-const BACKLOG: &str = "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_messages \
-    WHERE consumer = $1 AND status = 'parked' GROUP BY handler \
-    UNION ALL SELECT handler, 'dead' AS status, COUNT(*) FROM inbox_messages \
-    WHERE consumer = $1 AND status = 'dead' GROUP BY handler";
-
 const REJECTED_COUNTS: &str = "SELECT consumer, COUNT(*) FROM inbox_rejected \
     WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer";
 
@@ -305,7 +306,9 @@ macro_rules! sql_store {
     (
         $db:ty,
         since: $since:literal,
-        age: $age:literal,
+        age: ($age_head:literal, $age_tail:literal),
+        failed_index: $failed_index:literal,
+        parked_index: $parked_index:literal,
         times: $times:literal,
         older: $older:literal,
         purge_rows: ($purge_head:literal, $purge_tail:literal),
@@ -384,11 +387,29 @@ macro_rules! sql_store {
                 consumer: &str,
                 handler: &str,
                 limit: i64,
-            ) -> Result<Vec<String>, sqlx::Error> {
-                sqlx::query_scalar(REPLAYS_REQUESTED).bind(consumer).bind(handler).bind(limit).fetch_all(pool).await
+            ) -> Result<Vec<RequestedReplay>, sqlx::Error> {
+                const REPLAYS_REQUESTED: &str = concat!(
+                    "SELECT message_id, attempt_count, ",
+                    $age_head,
+                    "failed_at",
+                    $age_tail,
+                    " AS failed_secs_ago FROM inbox_messages",
+                    $failed_index,
+                    " WHERE consumer = $1 AND status = 'failed' AND handler = $2 AND resolution = 'replayed' \
+                     ORDER BY aggregate_id, sequence_number, message_id LIMIT $3"
+                );
+                sqlx::query_as(REPLAYS_REQUESTED).bind(consumer).bind(handler).bind(limit).fetch_all(pool).await
             }
 
             async fn backlog(pool: &Pool<Self>, consumer: &str) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+                /// One query per status, so each runs on its partial index: this runs on every sweep.
+                const BACKLOG: &str = concat!(
+                    "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_messages",
+                    $parked_index,
+                    " WHERE consumer = $1 AND status = 'parked' GROUP BY handler \
+                     UNION ALL SELECT handler, 'dead' AS status, COUNT(*) FROM inbox_messages \
+                     WHERE consumer = $1 AND status = 'dead' GROUP BY handler"
+                );
                 sqlx::query_as(BACKLOG).bind(consumer).fetch_all(pool).await
             }
 
@@ -402,7 +423,9 @@ macro_rules! sql_store {
                      SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS dead, \
                      SUM(CASE WHEN status = 'discarded' THEN 1 ELSE 0 END) AS discarded, \
                      MAX(CASE WHEN status = 'parked' THEN ",
-                    $age,
+                    $age_head,
+                    "received_at",
+                    $age_tail,
                     " END) AS oldest_parked_secs \
                      FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler"
                 );
@@ -454,7 +477,9 @@ macro_rules! sql_store {
 sql_store!(
     Postgres,
     since: ">= now() - make_interval(secs => $4)",
-    age: "EXTRACT(EPOCH FROM now() - received_at)::float8",
+    age: ("EXTRACT(EPOCH FROM now() - ", ")::float8"),
+    failed_index: "",
+    parked_index: "",
     times: "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS received_at, \
             to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS failed_at",
     older: "< now() - make_interval(secs => $1)",
@@ -470,7 +495,10 @@ sql_store!(
 sql_store!(
     Sqlite,
     since: ">= datetime('now', '-' || $4 || ' seconds')",
-    age: "(julianday('now') - julianday(received_at)) * 86400.0",
+    age: ("(julianday('now') - julianday(", ")) * 86400.0"),
+    // Without statistics, SQLite would rather walk the primary key of the consumer.
+    failed_index: " INDEXED BY inbox_messages_failed",
+    parked_index: " INDEXED BY inbox_messages_parked",
     times: "received_at, failed_at",
     older: "< datetime('now', '-' || $1 || ' seconds')",
     purge_rows: (

@@ -95,7 +95,7 @@ impl<DB: Backend> InboxBuilder<DB> {
         self
     }
 
-    /// Purges old dedup rows while running (see [`Retention`]): every [`Retention::every`],
+    /// Purges old dedup rows while running (see [`Retention`]): every [`Retention::interval`],
     /// the one instance that wins the election deletes processed and stale rows older than the
     /// window. [`InboxBuilder::build`] warns when the window is shorter than the configured
     /// redelivery horizon.

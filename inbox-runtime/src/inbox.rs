@@ -74,6 +74,9 @@ pub struct RunReport {
     pub failed: u64,
     /// Parked messages marked dead because their gap outlived the handler's `gap_timeout`.
     pub gap_expired: u64,
+    /// Dead messages whose replay an operator requested, processed by the run's sweeps (see
+    /// [`Inbox::replay_requested`]).
+    pub replayed: u64,
     /// Deliveries that could not be handled at all, kept as rejected (see [`Inbox::rejected`]).
     pub rejected: u64,
     /// Deliveries of a type without a handler, acknowledged under [`UnknownTypes::Acknowledge`].
@@ -99,6 +102,7 @@ impl RunReport {
         self.acked += other.acked;
         self.failed += other.failed;
         self.gap_expired += other.gap_expired;
+        self.replayed += other.replayed;
         self.rejected += other.rejected;
         self.unknown_acknowledged += other.unknown_acknowledged;
     }
@@ -152,7 +156,7 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Purges the processed and stale rows older than the configured retention window, unless
     /// another instance is purging (see [`inbox_core::purge`]). [`Inbox::run`] does this every
-    /// [`Retention::every`]. Without a configured retention, purges nothing.
+    /// [`Retention::interval`]. Without a configured retention, purges nothing.
     pub async fn purge(&self) -> Result<PurgeReport, Error> {
         match &self.shared.retention {
             Some(retention) => inbox_core::purge(&self.shared.pool, retention).await,
@@ -419,7 +423,7 @@ impl<DB: Backend> Shared<DB> {
         gap_sweep.map_or(self.sweep_interval, |gap| gap.min(self.sweep_interval))
     }
 
-    /// `inbox_lag_seconds{consumer, message_type}`: from publication to handled, for an envelope
+    /// `inbox_lag_seconds{consumer, message_type}`: from publication to processed, for an envelope
     /// that says when it was published (a producer clock ahead of ours counts as no lag).
     fn record_lag(&self, envelope: &Envelope) {
         if let Some(produced_at) = envelope.produced_at() {
@@ -459,7 +463,10 @@ impl<DB: Backend> Shared<DB> {
                     .await,
             );
         }
-        self.record_lag(envelope);
+        let processed = |result: &Result<Handled, Error>| matches!(result, Ok(handled) if handled.outcome == Outcome::Processed);
+        if results.iter().any(processed) {
+            self.record_lag(envelope);
+        }
         results
     }
 }

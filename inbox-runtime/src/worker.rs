@@ -29,7 +29,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<RunReport, RunError> {
     let mut report = RunReport::default();
-    sweep(&shared, &mut report).await;
+    sweep(&shared, &mut report, Expiry::Later).await;
     let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared));
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
@@ -44,11 +44,11 @@ pub(crate) async fn run<DB: Backend, S: Source>(
         }
     }
     drop((stop_sweeping, stop_purging));
-    gauge_backlog(&shared).await;
     match sweeper.await {
         Ok(swept) => report.merge(swept),
         Err(error) => tracing::error!(%error, "the sweeper failed"),
     }
+    gauge_backlog(&shared).await;
     if let Err(error) = purger.await {
         tracing::error!(%error, "the retention purge failed");
     }
@@ -69,22 +69,35 @@ fn spawn_sweeper<DB: Backend>(
                 _ = &mut stopped => return report,
                 () = tokio::time::sleep(period) => {}
             }
-            sweep(&shared, &mut report).await;
+            sweep(&shared, &mut report, Expiry::Now).await;
         }
     });
     (stop, sweeper)
 }
 
+/// Whether a sweep expires gaps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    Now,
+    /// Not when a run starts: after downtime every gap looks overdue, though the missing message
+    /// may be waiting in the source.
+    Later,
+}
+
 /// Releases parked messages whose predecessor has applied (a release that failed earlier), handles
-/// the replays operators requested, marks dead the parked messages whose gap outlived its timeout,
-/// and updates the backlog gauges.
-async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport) {
+/// the replays operators requested, marks dead the parked messages whose gap outlived its timeout
+/// (unless `expiry` says later), and updates the backlog gauges.
+async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport, expiry: Expiry) {
     match shared.resume().await {
         Ok(released) => report.add(Outcome::Released, u64::from(released)),
         Err(error) => tracing::warn!(%error, "could not release parked messages"),
     }
-    if let Err(error) = shared.replay_requested().await {
-        tracing::warn!(%error, "could not handle the requested replays");
+    match shared.replay_requested().await {
+        Ok(replayed) => report.replayed += u64::from(replayed),
+        Err(error) => tracing::warn!(%error, "could not handle the requested replays"),
+    }
+    if expiry == Expiry::Later {
+        return gauge_backlog(shared).await;
     }
     match shared.expire_gaps().await {
         Ok(gaps) => {
@@ -105,7 +118,7 @@ async fn gauge_backlog<DB: Backend>(shared: &Shared<DB>) {
     }
 }
 
-/// With a retention configured: purges at once, then every [`Retention::interval`], until the
+/// With a retention configured: purges at once, then every [`inbox_core::Retention::interval`], until the
 /// sender is dropped (a purge in progress is then abandoned; the batches it committed stay done).
 fn spawn_purger<DB: Backend>(shared: Arc<Shared<DB>>) -> (oneshot::Sender<()>, JoinHandle<()>) {
     let (stop, mut stopped) = oneshot::channel::<()>();
@@ -124,7 +137,7 @@ fn spawn_purger<DB: Backend>(shared: Arc<Shared<DB>>) -> (oneshot::Sender<()>, J
             }
             tokio::select! {
                 _ = &mut stopped => return,
-                () = tokio::time::sleep(retention.every()) => {}
+                () = tokio::time::sleep(retention.interval()) => {}
             }
         }
     });

@@ -1,6 +1,6 @@
 //! `inbox gap skip`: skip a strict-ordering gap whose predecessor is known to be lost.
 
-use inbox_core::{Backend, DeadLetterFilter, Stream};
+use inbox_core::{Backend, DeadLetterFilter, StoredMessage, Stream};
 use sqlx::Pool;
 
 use crate::cli::{GapArgs, GapCommand};
@@ -39,18 +39,22 @@ pub async fn run<DB: Backend>(
     })
 }
 
-/// Fails with [`CliError::NoGap`] unless messages of `stream` are parked, or dead (a gap timeout
-/// marks parked messages dead): skipping a gap on any other stream would only create its row.
+/// Fails with [`CliError::NoGap`] unless messages of `stream` are parked, or dead because their gap
+/// timed out: skipping a gap on any other stream would only create its row.
 async fn ensure_waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<(), CliError> {
     if DB::has_parked(pool, stream).await? {
         return Ok(());
     }
     let filter = DeadLetterFilter::default().handler(stream.handler);
     let dead = DB::dead_letters(pool, stream.consumer, &filter).await?;
-    if dead
-        .iter()
-        .any(|message| message.aggregate_id.as_deref() == Some(stream.aggregate))
-    {
+    let behind_gap = |message: &StoredMessage| {
+        message.aggregate_id.as_deref() == Some(stream.aggregate)
+            && message
+                .error_text
+                .as_deref()
+                .is_some_and(|error| error.starts_with("gap timeout at sequence"))
+    };
+    if dead.iter().any(behind_gap) {
         return Ok(());
     }
     Err(CliError::NoGap {
