@@ -40,6 +40,7 @@ pub struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The commands that work on a database.
     #[command(flatten)]
     Database(DatabaseCommand),
     /// Print the schema as plain DDL, for teams that run their own migrations (no connection).
@@ -88,6 +89,7 @@ pub struct ConsumerArg {
 /// `inbox dead ...`
 #[derive(Debug, Args)]
 pub struct DeadArgs {
+    /// The consumer group.
     #[command(flatten)]
     pub consumer: ConsumerArg,
     /// What to do with dead letters.
@@ -114,8 +116,10 @@ pub enum DeadCommand {
     Show(MessageArgs),
     /// Ask the running consumer to handle a dead message again, on its next sweep.
     Replay {
+        /// The message named.
         #[command(flatten)]
         message: MessageArgs,
+        /// Who does it.
         #[command(flatten)]
         operator: Operator,
         /// Why it is replayed.
@@ -124,13 +128,16 @@ pub enum DeadCommand {
     },
     /// Give up on a dead message for good (it is kept, with who and why, but never handled).
     Discard {
+        /// The message named.
         #[command(flatten)]
         message: MessageArgs,
+        /// Who does it.
         #[command(flatten)]
         operator: Operator,
         /// Why it is discarded.
         #[arg(long)]
         reason: String,
+        /// Whether to ask first.
         #[command(flatten)]
         confirm: Confirm,
     },
@@ -164,6 +171,7 @@ pub struct Confirm {
 /// `inbox parked ...`
 #[derive(Debug, Args)]
 pub struct ParkedArgs {
+    /// The consumer group.
     #[command(flatten)]
     pub consumer: ConsumerArg,
     /// What to do with parked messages.
@@ -181,6 +189,7 @@ pub enum ParkedCommand {
 /// `inbox gap ...`
 #[derive(Debug, Args)]
 pub struct GapArgs {
+    /// The consumer group.
     #[command(flatten)]
     pub consumer: ConsumerArg,
     /// What to do with a gap.
@@ -198,6 +207,7 @@ pub enum GapCommand {
         handler: String,
         /// The aggregate whose gap is skipped.
         aggregate: String,
+        /// Whether to ask first.
         #[command(flatten)]
         confirm: Confirm,
     },
@@ -217,6 +227,7 @@ pub struct PurgeArgs {
     #[arg(long, default_value_t = Retention::DEFAULT_BATCH_SIZE,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub batch_size: u32,
+    /// Whether to ask first.
     #[command(flatten)]
     pub confirm: Confirm,
 }

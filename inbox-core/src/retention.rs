@@ -140,11 +140,13 @@ pub async fn purge<DB: Backend>(
     retention: &Retention,
 ) -> Result<PurgeReport, Error> {
     let Some(leader) = DB::lead_purge(pool).await? else {
-        tracing::debug!("another instance is purging the inbox");
+        tracing::info!("another instance holds the purge lock; this one skips its turn");
         return Ok(PurgeReport::default());
     };
     let purged = purge_batches(pool, retention).await;
-    leader.step_down().await?;
+    if let Err(error) = leader.step_down().await {
+        tracing::warn!(%error, "could not release the purge lock cleanly; it goes with its connection");
+    }
     let mut report = purged?;
     let kept = purge_preview(pool, retention).await?;
     (report.kept_parked, report.kept_dead) = (kept.parked, kept.dead);
