@@ -89,12 +89,12 @@
 #![warn(missing_docs)]
 
 pub use inbox_core::{
-    Backend, Context, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, DatabaseHandle, DeadLetterFilter,
-    Envelope, Error, ExpiredGap, Handler, HandlerError, HandlerStatus, Headers, Identifier,
-    Identity, MAX_ID_LEN, MIGRATIONS_TABLE, Message, MessageKey, Ordering, Outcome, PurgeLeader,
-    PurgePreview, PurgeReport, RejectedDelivery, Retention, RetryPolicy, SequenceNumber, Status,
-    Store, StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema,
-    sqlite_options, status,
+    Backend, Context, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT,
+    DatabaseHandle, DeadLetterFilter, Envelope, Error, ExpiredGap, Handler, HandlerError,
+    HandlerStatus, Headers, Identifier, Identity, MAX_ID_LEN, MAX_SEQUENCE, MIGRATIONS_TABLE,
+    Message, MessageKey, Ordering, Outcome, PurgeLeader, PurgePreview, PurgeReport,
+    RejectedDelivery, Retention, RetryPolicy, SequenceNumber, Status, Store, StoredMessage, Stream,
+    migrate, open_gap, purge, purge_preview, request_replay, schema, sqlite_options, status,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;

@@ -208,6 +208,16 @@ macro_rules! guard_suite {
             assert_eq!(last_sequence(&pool, "credit", "acct").await, None);
 
             freeze(&pool, "acct", false).await;
+            let early = credit.process(&pool, paid.clone()).await.unwrap_err();
+            let Error::RetryNotDue { retry_after, .. } = early else {
+                panic!("a redelivery before the backoff runs nothing: {early}");
+            };
+            assert!(
+                retry_after > std::time::Duration::from_millis(500),
+                "{retry_after:?}"
+            );
+            assert_eq!(count(&pool, "applied").await, 0);
+            tokio::time::sleep(retry_after).await;
             assert_eq!(
                 credit.process(&pool, paid).await.unwrap(),
                 Outcome::Processed

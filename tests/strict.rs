@@ -33,6 +33,11 @@ macro_rules! strict_suite {
                 .expect("build inbox")
         }
 
+        /// Makes every failed message's retry due now, as if its backoff had passed.
+        async fn due_now(pool: &Pool) {
+            sqlx::query("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'").execute(pool).await.unwrap();
+        }
+
         async fn sequences(pool: &Pool, account: &str) -> Vec<i64> {
             applied(pool, account).await.into_iter().map(|(sequence, _)| sequence).collect()
         }
@@ -108,6 +113,9 @@ macro_rules! strict_suite {
                 assert_eq!(inbox.dispatch(&delivery(sequence)).await.unwrap()[0].outcome, Outcome::Parked);
             }
             sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            let early = inbox.dispatch(&delivery(1)).await.unwrap_err();
+            let Error::RetryNotDue { retry_after, .. } = early else { panic!("{early}") };
+            tokio::time::sleep(retry_after).await;
             let retried = inbox.dispatch(&delivery(1)).await.unwrap();
 
             assert_eq!((retried[0].outcome, retried[0].released), (Outcome::Processed, 2));
@@ -168,15 +176,17 @@ macro_rules! strict_suite {
 
             assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
             assert_eq!(sequences(&pool, "acct").await, [1, 2], "the chain stopped between 2 and 3");
-            assert_eq!(status(&pool, "credit_strict", "acct-3").await.as_deref(), Some("parked"));
+            assert_eq!(status(&pool, "credit_strict", "acct-3").await.as_deref(), Some("failed"), "a failed release is recorded");
+            assert_eq!(status(&pool, "credit_strict", "acct-4").await.as_deref(), Some("parked"));
 
             sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            due_now(&pool).await;
             let restarted = inbox(&pool).await;
             let broker = MemoryBroker::new();
             broker.close();
             let report = restarted.run(broker.source()).await.unwrap();
 
-            assert_eq!(report.count(Outcome::Released), 2, "{report:?}");
+            assert_eq!(report.replayed, 1, "#3 is retried from the store, and releases #4: {report:?}");
             assert_eq!(sequences(&pool, "acct").await, [1, 2, 3, 4], "{report:?}");
             assert_eq!(balance(&pool, "acct").await, 10);
             assert!(restarted.parked().await.unwrap().is_empty());
@@ -192,6 +202,8 @@ macro_rules! strict_suite {
             strict(&pool, "acct", 1).await;
             assert_eq!(sequences(&pool, "acct").await, [1]);
             sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            // A release cut by a crash (not a failure) leaves #2 parked behind an applied #1.
+            sqlx::query("UPDATE inbox_messages SET status = 'parked' WHERE message_id = 'acct-2'").execute(&pool).await.unwrap();
 
             let handled = inbox(&pool).await.dispatch(&Envelope::encode("again", &event("acct", 1)).unwrap()).await.unwrap();
 
@@ -256,8 +268,10 @@ macro_rules! strict_suite {
             let inbox = inbox(&pool).await;
 
             assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not behind a gap: its release failed");
+            assert_eq!(status(&pool, "credit_strict", "acct-2").await.as_deref(), Some("failed"));
             sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
-            assert_eq!(inbox.resume().await.unwrap(), 1);
+            due_now(&pool).await;
+            assert_eq!(inbox.replay_requested().await.unwrap(), 1, "a failed release is retried from the store");
 
             assert_eq!(sequences(&pool, "acct").await, [1, 2]);
         }
@@ -285,7 +299,7 @@ macro_rules! strict_suite {
             let error = credit_strict.process(&pool, event("acct", 0)).await.unwrap_err();
 
             assert!(matches!(error, Error::InvalidIdentity { what: "sequence", .. }), "{error}");
-            assert!(error.to_string().contains("from 1; got 0"), "{error}");
+            assert!(error.to_string().contains("it is 0; sequences run from 1"), "{error}");
         }
 
         #[tokio::test]

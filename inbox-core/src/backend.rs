@@ -11,6 +11,7 @@ use sqlx::{Pool, Postgres, Sqlite, Transaction};
 
 use crate::envelope::Envelope;
 use crate::store::Store;
+use crate::text::storable_text;
 
 /// What the guard records when it first sees a message.
 #[derive(Debug, Clone, Copy)]
@@ -27,8 +28,10 @@ pub struct Claim<'a> {
     pub aggregate: Option<&'a str>,
     /// The sequence, if any.
     pub sequence: Option<i64>,
-    /// The SHA-256 of the message's canonical encoding.
+    /// The SHA-256 of the message's payload, as delivered.
     pub payload_hash: &'a [u8],
+    /// Now, in Unix epoch milliseconds: a failed message is retried only once its retry is due.
+    pub now_ms: i64,
 }
 
 impl<'a> Claim<'a> {
@@ -85,12 +88,18 @@ pub enum Claimed {
         attempt: u32,
     },
     /// Seen before, with this payload hash and status.
-    Seen {
-        /// The hash stored when the message was first recorded.
-        payload_hash: Vec<u8>,
-        /// `processed`, `stale`, `parked`, `failed` or `dead`.
-        status: String,
-    },
+    Seen(Seen),
+}
+
+/// A dedup row already there, as a claim finds it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Seen {
+    /// The hash stored when the message was first recorded.
+    pub payload_hash: Vec<u8>,
+    /// `processed`, `stale`, `parked`, `failed`, `dead` or `discarded`.
+    pub status: String,
+    /// When a `failed` message's next attempt is due, in Unix epoch milliseconds.
+    pub retry_at_ms: Option<i64>,
 }
 
 /// A failed attempt, as recorded.
@@ -163,16 +172,36 @@ pub trait Backend: Store {
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Claimed, sqlx::Error>> + Send;
 
-    /// Records a failed attempt of a claimed message, after its transaction rolled back: the row
-    /// becomes (or stays) `failed` with the payload, and its attempt count goes up. Returns the
-    /// number of failed attempts, or `None` if the row is no longer `failed` (handled meanwhile).
+    /// Records a failed attempt of a claimed (or released) message, after its transaction rolled
+    /// back: the row becomes (or stays) `failed` with the payload, and its attempt count goes up.
+    /// Returns the number of failed attempts, or `None` if the row holds another state (handled
+    /// meanwhile) or another content (see [`Backend::seen`]).
     fn record_failure(
         conn: &mut Self::Connection,
         claim: &Claim<'_>,
         failure: &Failure<'_>,
     ) -> impl Future<Output = Result<Option<u32>, sqlx::Error>> + Send;
 
-    /// Marks a `failed` message dead, keeping its payload for an operator; `reason`, if
+    /// The dedup row of `key`, if there is one.
+    fn seen(
+        conn: &mut Self::Connection,
+        key: &MessageKey<'_>,
+    ) -> impl Future<Output = Result<Option<Seen>, sqlx::Error>> + Send;
+
+    /// Sets when a `failed` message's next attempt is due, in Unix epoch milliseconds.
+    fn schedule_retry(
+        conn: &mut Self::Connection,
+        key: &MessageKey<'_>,
+        retry_at_ms: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Fails if the transaction can no longer commit: PostgreSQL aborts a transaction at its first
+    /// failed statement, and then turns `COMMIT` into a silent rollback.
+    fn check_open(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Marks a `failed` (or `parked`) message dead, keeping its payload for an operator; `reason`, if
     /// given, replaces its last error.
     fn bury(
         conn: &mut Self::Connection,
@@ -251,8 +280,9 @@ pub trait Backend: Store {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// The aggregates of `handler` whose oldest parked message has waited longer than
-    /// `timeout_secs` behind a real gap (its lowest parked sequence is not the next one). A read
-    /// without locks: [`Backend::bury_gap`] checks again under the stream lock.
+    /// `timeout_secs` behind a real gap: its lowest parked sequence is not the next one, and the
+    /// next one is absent (not `failed`, waiting for its retry). A read without locks:
+    /// [`Backend::bury_gap`] checks again under the stream lock.
     fn overdue_gaps(
         pool: &Pool<Self>,
         consumer: &str,
@@ -260,7 +290,8 @@ pub trait Backend: Store {
         timeout_secs: f64,
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
-    /// On a locked stream at `last`: if its lowest parked message is still behind a gap, marks all
+    /// On a locked stream at `last`: if its lowest parked message is still behind a gap (and the
+    /// missing message is not `failed`, waiting for its retry), marks all
     /// its parked messages dead with the reason "gap timeout at sequence n" (n = `last + 1`, the
     /// missing one). Returns `(n, messages)`, or `None` if the gap has filled meanwhile.
     fn bury_gap(
@@ -313,29 +344,33 @@ const INSERT_CLAIM: &str = "INSERT INTO inbox_messages \
 const RETRY_CLAIM: &str = "UPDATE inbox_messages \
     SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status = 'failed' AND payload_hash = $4 \
+    AND retry_at_ms <= $5 \
     RETURNING attempt_count";
 
-const SELECT_CLAIM: &str = "SELECT payload_hash, status FROM inbox_messages \
+const SELECT_CLAIM: &str = "SELECT payload_hash, status, retry_at_ms FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
 const RECORD_FAILURE: &str = "INSERT INTO inbox_messages \
     (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, \
-     payload, headers, attempt_count, first_error, error_text, failed_at) \
-    VALUES ($1, $2, $3, $4, $5, $6, 'failed', $7, $8, $9, 1, $10, $10, CURRENT_TIMESTAMP) \
+     payload, headers, attempt_count, first_error, error_text, failed_at, retry_at_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'failed', $7, $8, $9, 1, $10, $10, CURRENT_TIMESTAMP, $11) \
     ON CONFLICT (consumer, handler, message_id) DO UPDATE \
-    SET attempt_count = inbox_messages.attempt_count + 1, error_text = excluded.error_text, \
+    SET status = 'failed', attempt_count = inbox_messages.attempt_count + 1, error_text = excluded.error_text, \
         first_error = COALESCE(inbox_messages.first_error, excluded.first_error), \
         payload = excluded.payload, headers = excluded.headers, processed_at = NULL, \
-        failed_at = CURRENT_TIMESTAMP \
-    WHERE inbox_messages.status = 'failed' \
+        failed_at = CURRENT_TIMESTAMP, retry_at_ms = excluded.retry_at_ms \
+    WHERE inbox_messages.status IN ('failed', 'parked') AND inbox_messages.payload_hash = excluded.payload_hash \
     RETURNING attempt_count";
+
+const SCHEDULE_RETRY: &str = "UPDATE inbox_messages SET retry_at_ms = $4 \
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
 const SETTLE: &str = "UPDATE inbox_messages \
     SET status = $4, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
 const BURY: &str = "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($4, error_text) \
-    WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status = 'failed'";
+    WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status IN ('failed', 'parked')";
 
 const PARK: &str = "UPDATE inbox_messages \
     SET status = 'parked', payload = $4, headers = $5, processed_at = NULL \
@@ -371,6 +406,10 @@ const REVIVE_GAP_DEAD: &str = "UPDATE inbox_messages SET status = 'parked', erro
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'dead' \
     AND error_text LIKE 'gap timeout at sequence %'";
 
+/// Whether the missing sequence `$4` of a strict stream is there, failed and waiting for its retry.
+const RETRYING_SEQUENCE: &str = "SELECT COUNT(*) FROM inbox_messages \
+    WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND sequence_number = $4 AND status = 'failed'";
+
 const PARKED_RANGE: &str = "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
 
@@ -380,7 +419,7 @@ const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text
 const STORED: &str = "SELECT status, payload, headers FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
-const REPLAY: &str = "UPDATE inbox_messages SET status = 'failed', attempt_count = 0, \
+const REPLAY: &str = "UPDATE inbox_messages SET status = 'failed', attempt_count = 0, retry_at_ms = 0, \
     resolution = 'replayed', resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status IN ('dead', 'failed')";
 
@@ -445,18 +484,13 @@ macro_rules! sql_backend {
                 .bind(claim.handler)
                 .bind(claim.message_id)
                 .bind(claim.payload_hash)
+                .bind(claim.now_ms)
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(failed) = failed_attempts {
                 return Ok(Some(Claimed::Retry { attempt: u32::try_from(failed).unwrap_or(0) + 1 }));
             }
-            let seen: Option<(Vec<u8>, String)> = sqlx::query_as(SELECT_CLAIM)
-                .bind(claim.consumer)
-                .bind(claim.handler)
-                .bind(claim.message_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(seen.map(|(payload_hash, status)| Claimed::Seen { payload_hash, status }))
+            Ok(<$db as Backend>::seen(conn, &claim.key()).await?.map(Claimed::Seen))
         }
 
         impl Backend for $db {
@@ -491,10 +525,40 @@ macro_rules! sql_backend {
                     .bind(claim.payload_hash)
                     .bind(failure.payload)
                     .bind(failure.headers)
-                    .bind(failure.error)
+                    .bind(storable_text(failure.error))
+                    .bind(claim.now_ms)
                     .fetch_optional(&mut *conn)
                     .await?;
                 Ok(failed.map(|failed| u32::try_from(failed).unwrap_or(0)))
+            }
+
+            async fn seen(conn: &mut Self::Connection, key: &MessageKey<'_>) -> Result<Option<Seen>, sqlx::Error> {
+                sqlx::query_as(SELECT_CLAIM)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .fetch_optional(&mut *conn)
+                    .await
+            }
+
+            async fn schedule_retry(
+                conn: &mut Self::Connection,
+                key: &MessageKey<'_>,
+                retry_at_ms: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(SCHEDULE_RETRY)
+                    .bind(key.consumer)
+                    .bind(key.handler)
+                    .bind(key.message_id)
+                    .bind(retry_at_ms)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            }
+
+            async fn check_open(conn: &mut Self::Connection) -> Result<(), sqlx::Error> {
+                sqlx::query("SELECT 1").execute(&mut *conn).await?;
+                Ok(())
             }
 
             async fn bury(
@@ -506,7 +570,7 @@ macro_rules! sql_backend {
                     .bind(key.consumer)
                     .bind(key.handler)
                     .bind(key.message_id)
-                    .bind(reason)
+                    .bind(reason.map(storable_text))
                     .execute(&mut *conn)
                     .await?;
                 Ok(())
@@ -636,6 +700,9 @@ macro_rules! sql_backend {
                     "SELECT m.aggregate_id FROM inbox_messages m \
                      JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
                      WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
+                     AND NOT EXISTS (SELECT 1 FROM inbox_messages p WHERE p.consumer = m.consumer \
+                         AND p.handler = m.handler AND p.aggregate_id = m.aggregate_id \
+                         AND p.sequence_number = s.last_sequence + 1 AND p.status = 'failed') \
                      GROUP BY m.aggregate_id, s.last_sequence \
                      HAVING MIN(m.sequence_number) > s.last_sequence + 1 AND MIN(m.received_at) ",
                     $overdue,
@@ -655,8 +722,18 @@ macro_rules! sql_backend {
                 last: i64,
             ) -> Result<Option<(i64, i64)>, sqlx::Error> {
                 let (first, parked): (Option<i64>, i64) = parked_range(conn, stream).await?;
-                let missing = last + 1;
+                let missing = last.saturating_add(1);
                 if !first.is_some_and(|first| first > missing) {
+                    return Ok(None);
+                }
+                let retrying: i64 = sqlx::query_scalar(RETRYING_SEQUENCE)
+                    .bind(stream.consumer)
+                    .bind(stream.handler)
+                    .bind(stream.aggregate)
+                    .bind(missing)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if retrying > 0 {
                     return Ok(None);
                 }
                 sqlx::query(BURY_PARKED)
@@ -688,8 +765,8 @@ macro_rules! sql_backend {
                     .bind(key.consumer)
                     .bind(key.handler)
                     .bind(key.message_id)
-                    .bind(resolution.by)
-                    .bind(resolution.reason)
+                    .bind(storable_text(resolution.by))
+                    .bind(storable_text(resolution.reason))
                     .execute(&mut *conn)
                     .await?
                     .rows_affected();
@@ -705,11 +782,11 @@ macro_rules! sql_backend {
                 let headers = crate::handler::headers_to_json(envelope.headers());
                 sqlx::query_scalar(REJECT)
                     .bind(consumer)
-                    .bind(envelope.message_type())
-                    .bind(envelope.id())
+                    .bind(storable_text(envelope.message_type()))
+                    .bind(storable_text(envelope.id()))
                     .bind(envelope.payload())
                     .bind(headers)
-                    .bind(reason)
+                    .bind(storable_text(reason))
                     .fetch_one(pool)
                     .await
             }
@@ -744,7 +821,8 @@ sql_backend!(
         "../migrations/postgres/0001_inbox.sql",
         "../migrations/postgres/0002_strict_ordering.sql",
         "../migrations/postgres/0003_failures.sql",
-        "../migrations/postgres/0004_operations.sql"
+        "../migrations/postgres/0004_operations.sql",
+        "../migrations/postgres/0005_retries.sql"
     ]
 );
 sql_backend!(
@@ -757,7 +835,8 @@ sql_backend!(
         "../migrations/sqlite/0001_inbox.sql",
         "../migrations/sqlite/0002_strict_ordering.sql",
         "../migrations/sqlite/0003_failures.sql",
-        "../migrations/sqlite/0004_operations.sql"
+        "../migrations/sqlite/0004_operations.sql",
+        "../migrations/sqlite/0005_retries.sql"
     ]
 );
 

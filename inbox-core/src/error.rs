@@ -29,6 +29,21 @@ pub enum Error {
         retry_after: Option<std::time::Duration>,
     },
 
+    /// The message failed before and its next attempt is not due yet: nothing ran and no attempt
+    /// was counted. The delivery can come back after `retry_after`; the runtime also retries the
+    /// message from the store when it is due, whether or not the broker redelivers it.
+    #[error(
+        "message `{message_id}` of handler `{handler}` failed before; its next attempt is due in {retry_after:?}"
+    )]
+    RetryNotDue {
+        /// The handler's name.
+        handler: String,
+        /// The dedup key.
+        message_id: String,
+        /// How long until the retry is due.
+        retry_after: std::time::Duration,
+    },
+
     /// The message's key, aggregate or sequence field holds a value the inbox cannot use.
     #[error("invalid {what}: {reason}")]
     InvalidIdentity {
@@ -84,6 +99,48 @@ pub enum Error {
     /// No handler is registered for the envelope's type tag.
     #[error("no handler is registered for message type `{0}`")]
     UnknownMessageType(String),
+}
+
+impl Error {
+    /// Whether trying the same delivery again later can succeed: a database that is unreachable,
+    /// read-only, out of space or in a serialization conflict. Everything about the message itself
+    /// (a payload that does not decode, an unusable id or sequence, a value the database refuses
+    /// as data) is not transient: retrying it gives the same error, so the runtime keeps such a
+    /// delivery as rejected instead of handing it back.
+    ///
+    /// ```
+    /// use inbox_core::Error;
+    ///
+    /// assert!(Error::Database(sqlx::Error::PoolTimedOut).is_transient());
+    /// let bad = Error::Decode { message_type: "order.paid".into(), reason: "EOF".into() };
+    /// assert!(!bad.is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(sqlx::Error::Database(error)) => !refuses_input(error.as_ref()),
+            Error::Database(_) | Error::Migrate(_) => true,
+            Error::Handler {
+                retry_after: Some(_),
+                ..
+            }
+            | Error::RetryNotDue { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Whether the database refused a value as data: PostgreSQL's class 22 (data exception: a NUL
+/// byte, invalid UTF-8, a value out of range), or SQLite's `TOOBIG`, `MISMATCH` and `RANGE`.
+fn refuses_input(error: &dyn sqlx::error::DatabaseError) -> bool {
+    let Some(code) = error.code() else {
+        return false;
+    };
+    // PostgreSQL's SQLSTATEs are five characters; SQLite's (extended) result codes are shorter.
+    if code.len() == 5 {
+        return code.starts_with("22");
+    }
+    code.parse::<u32>()
+        .is_ok_and(|sqlite| matches!(sqlite & 0xff, 18 | 20 | 25))
 }
 
 /// The error a handler returns. Any `std::error::Error + Send + Sync + 'static` converts into it with

@@ -12,7 +12,7 @@ use tracing::{Instrument, Span};
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
-use crate::backend::{Backend, Claim, Claimed, Failure, MessageKey, Resolution, Stream};
+use crate::backend::{Backend, Claim, Claimed, Failure, MessageKey, Resolution, Seen, Stream};
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
 use crate::handler::{Handler, Headers, Ordering};
@@ -20,7 +20,6 @@ use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
-use crate::store::RequestedReplay;
 
 /// What guarding one message did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,18 +30,32 @@ pub struct Guarded {
     pub released: u32,
 }
 
-/// Guards and handles `message`, whose `identity` the handler has read, with `handler` for
-/// `consumer`.
+/// One message as the guard takes it, besides its decoded value: the bytes it was delivered as
+/// (their hash is its content for dedup, and they are what is kept for a retry or a replay), its
+/// identity and its delivery's headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Received<'a> {
+    /// The payload exactly as delivered.
+    pub payload: &'a [u8],
+    /// What the handler read from the message: key, aggregate and sequence.
+    pub identity: &'a Identity,
+    /// The delivery's headers, if it came with any.
+    pub headers: Option<&'a Headers>,
+}
+
+/// Guards and handles `message`, as `received`, with `handler` for `consumer`.
 ///
 /// In one transaction:
 /// 1. claim the dedup row (a row already there is a `Duplicate`, or a `Conflict` if its payload
-///    hash differs);
+///    hash differs; a failed message is retried only once its retry is due, else
+///    [`Error::RetryNotDue`]);
 /// 2. if the handler names an aggregate, lock its stream row; with a sequence, skip the message as
 ///    `Stale` unless it is newer than the last applied one, and under strict ordering park it if it
 ///    is ahead of the next one;
-/// 3. run the handler; an error or a panic rolls everything back, and the failure is recorded in a
-///    transaction of its own (attempt count, error, payload): the message is retried after the
-///    policy's delay, or dead once attempts are exhausted or the error is permanent;
+/// 3. run the handler; an error, a panic, a timeout or a transaction the handler left aborted
+///    rolls everything back, and the failure is recorded in a transaction of its own (attempt
+///    count, error, payload): the message is retried after the policy's delay, or dead once
+///    attempts are exhausted or the error is permanent;
 /// 4. commit.
 ///
 /// Then, under strict ordering, release the parked successors that can now apply, in order.
@@ -51,14 +64,15 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     consumer: &str,
     handler: &H,
     message: H::Message,
-    identity: &Identity,
-    headers: Option<&Headers>,
+    received: Received<'_>,
     retry: &RetryPolicy,
 ) -> Result<Guarded, Error> {
+    let identity = received.identity;
     let delivery = Delivery {
         consumer,
         identity,
-        headers,
+        payload: received.payload,
+        headers: received.headers,
         retry,
     };
     let span = message_span(&delivery, handler.name(), H::Message::TYPE);
@@ -71,7 +85,7 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     let outcome = guarded?;
     let released = match (handler.ordering(), identity.aggregate()) {
         (Ordering::Strict { .. }, Some(aggregate)) => {
-            release_logged(pool, consumer, handler, aggregate).await
+            release_logged(pool, consumer, handler, aggregate, retry).await
         }
         _ => 0,
     };
@@ -100,6 +114,7 @@ fn count_outcome(consumer: &str, handler: &'static str, outcome: &'static str, c
 struct Delivery<'a> {
     consumer: &'a str,
     identity: &'a Identity,
+    payload: &'a [u8],
     headers: Option<&'a Headers>,
     retry: &'a RetryPolicy,
 }
@@ -111,18 +126,8 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     delivery: &Delivery<'_>,
 ) -> Result<Outcome, Error> {
     let (consumer, identity) = (delivery.consumer, delivery.identity);
-    if let (Ordering::Strict { .. }, Some(sequence @ ..=0)) =
-        (handler.ordering(), identity.sequence())
-    {
-        return Err(Error::InvalidIdentity {
-            what: "sequence",
-            reason: format!(
-                "strict ordering numbers an aggregate's messages from 1; got {sequence}"
-            ),
-        });
-    }
-    let encoded = serde_json::to_vec(&message).map_err(|e| Error::Encode(e.to_string()))?;
-    let payload_hash = Sha256::digest(&encoded);
+    identity.check_ordering(handler.ordering())?;
+    let payload_hash = content_hash(delivery.payload);
     let claim = Claim {
         consumer,
         handler: handler.name(),
@@ -131,17 +136,15 @@ async fn guard<DB: Backend, H: Handler<DB>>(
         aggregate: identity.aggregate(),
         sequence: identity.sequence(),
         payload_hash: &payload_hash,
+        now_ms: now_ms(),
     };
     let mut tx = DB::begin(pool).await?;
     let attempt = match DB::claim(&mut tx, &claim).await? {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
-        Claimed::Seen {
-            payload_hash,
-            status,
-        } => {
+        Claimed::Seen(seen) => {
             tx.rollback().await?;
-            return Ok(seen_outcome(&claim, &payload_hash, &status));
+            return seen_outcome(&claim, &seen);
         }
     };
     tracing::Span::current().record("inbox.attempt", attempt);
@@ -152,24 +155,22 @@ async fn guard<DB: Backend, H: Handler<DB>>(
         }
         Position::Ahead => {
             let headers = headers_json(delivery.headers);
-            DB::park(&mut tx, &claim.key(), &encoded, &headers).await?;
+            DB::park(&mut tx, &claim.key(), delivery.payload, &headers).await?;
             Outcome::Parked
         }
         Position::Next => {
-            let run = run_handler(
-                tx,
+            let attempted = Attempt {
                 consumer,
-                handler,
                 identity,
-                delivery.headers,
-                attempt,
-                message,
-            );
-            match run.await {
+                headers: delivery.headers,
+                number: attempt,
+                timeout: delivery.retry.timeout(),
+            };
+            match run_handler(tx, handler, &attempted, message).await {
                 Ok(done) => tx = done,
                 Err(error) => {
                     let failure = Failure {
-                        payload: &encoded,
+                        payload: delivery.payload,
                         headers: &headers_json(delivery.headers),
                         error: &error.to_string(),
                     };
@@ -181,7 +182,7 @@ async fn guard<DB: Backend, H: Handler<DB>>(
                         error,
                         delivery.retry,
                     );
-                    return Err(recorded.await);
+                    return recorded.await;
                 }
             }
             Outcome::Processed
@@ -189,6 +190,51 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     };
     tx.commit().await?;
     Ok(outcome)
+}
+
+/// Now, in Unix epoch milliseconds, the clock retries are scheduled by.
+fn now_ms() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The content of a payload, for dedup: the SHA-256 of its canonical JSON form (objects' keys in
+/// order, no whitespace; numbers as parsed), so that a redelivery of the same bytes, or the same
+/// document encoded with its keys in another order (a `HashMap` field), is the same content. It is
+/// taken over what was delivered, never over a re-encoding of the decoded message: a field added
+/// with `#[serde(default)]` does not change the content of what was sent before the deploy.
+/// Bytes that are not JSON are hashed as they are.
+fn content_hash(payload: &[u8]) -> Vec<u8> {
+    match serde_json::from_slice::<serde_json::Value>(payload) {
+        Ok(document) => Sha256::digest(canonical_json(document)).to_vec(),
+        Err(_) => Sha256::digest(payload).to_vec(),
+    }
+}
+
+/// The bytes [`Handler::process`] guards a message by, when it was not delivered as bytes: its
+/// canonical JSON form, as [`content_hash`] takes it.
+pub(crate) fn canonical_payload<M: Message>(message: &M) -> Result<Vec<u8>, Error> {
+    let document = serde_json::to_value(message).map_err(|e| Error::Encode(e.to_string()))?;
+    Ok(canonical_json(document))
+}
+
+/// `document` encoded with every object's keys in order, however `serde_json` orders its maps.
+fn canonical_json(document: serde_json::Value) -> Vec<u8> {
+    fn sorted(value: serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => {
+                let mut entries: Vec<_> = map.into_iter().collect();
+                entries.sort_by(|(a, _), (b, _)| a.cmp(b));
+                entries.into_iter().map(|(k, v)| (k, sorted(v))).collect()
+            }
+            serde_json::Value::Array(items) => items.into_iter().map(sorted).collect(),
+            other => other,
+        }
+    }
+    // A `Value` always encodes: its keys are strings and its numbers finite.
+    serde_json::to_vec(&sorted(document)).unwrap_or_default()
 }
 
 /// The span of one handled message, named and attributed after the OpenTelemetry messaging
@@ -232,7 +278,7 @@ fn outcome_label(guarded: &Result<Outcome, Error>) -> &'static str {
         Err(Error::Handler {
             retry_after: None, ..
         }) => Outcome::Dead.as_str(),
-        Err(Error::Handler { .. }) => Outcome::Retrying.as_str(),
+        Err(Error::Handler { .. } | Error::RetryNotDue { .. }) => Outcome::Retrying.as_str(),
         Err(_) => "error",
     }
 }
@@ -244,8 +290,10 @@ fn headers_json(headers: Option<&Headers>) -> String {
 }
 
 /// Records a failed attempt in a transaction of its own, after the attempt's rolled back, and
-/// decides what comes next. If the failure cannot be recorded, the database error is returned
-/// instead, so that the delivery is not acknowledged.
+/// decides what comes next: returns [`Error::Handler`], saying when the message is due again or
+/// that it is dead. If the row was settled meanwhile, or holds another content of the same id,
+/// that is the outcome instead. If the failure cannot be recorded, the database error is returned,
+/// so that the delivery is not acknowledged.
 async fn record_failure<DB: Backend>(
     pool: &Pool<DB>,
     handler: &'static str,
@@ -253,38 +301,47 @@ async fn record_failure<DB: Backend>(
     failure: &Failure<'_>,
     error: HandlerError,
     retry: &RetryPolicy,
-) -> Error {
+) -> Result<Outcome, Error> {
+    let key = claim.key();
     let recorded = async {
         let mut tx = DB::begin(pool).await?;
         let Some(failed) = DB::record_failure(&mut tx, claim, failure).await? else {
+            let seen = DB::seen(&mut tx, &key).await?;
             tx.rollback().await?;
-            return Ok((0, Some(Duration::ZERO)));
+            return Ok(Err(seen));
         };
         let retry_after = match error.is_permanent() {
             true => None,
             false => retry.delay_after(failed),
         };
-        if retry_after.is_none() {
-            DB::bury(&mut tx, &claim.key(), None).await?;
+        match retry_after {
+            None => DB::bury(&mut tx, &key, None).await?,
+            Some(delay) => {
+                let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                let due = now_ms().saturating_add(delay_ms);
+                DB::schedule_retry(&mut tx, &key, due).await?
+            }
         }
         tx.commit().await?;
-        Ok::<_, sqlx::Error>((failed, retry_after))
+        Ok::<_, sqlx::Error>(Ok((failed, retry_after)))
     };
     match recorded.await {
-        Ok((attempt, retry_after)) => {
+        Ok(Ok((attempt, retry_after))) => {
             if retry_after.is_none() {
                 tracing::warn!(handler = claim.handler, message_id = claim.message_id, attempt, %error, "message is dead");
             }
-            Error::Handler {
+            Err(Error::Handler {
                 handler,
                 error,
                 attempt,
                 retry_after,
-            }
+            })
         }
+        Ok(Err(Some(seen))) => seen_outcome(claim, &seen),
+        Ok(Err(None)) => Err(Error::Database(sqlx::Error::RowNotFound)),
         Err(database) => {
             tracing::error!(handler = claim.handler, message_id = claim.message_id, %error, %database, "could not record a failure; the delivery stays unacknowledged");
-            Error::Database(database)
+            Err(Error::Database(database))
         }
     }
 }
@@ -331,25 +388,51 @@ async fn position<DB: Backend>(
     })
 }
 
-/// Runs the handler inside `tx`; on error, a panic included, rolls back and returns the error.
+/// One attempt to run a handler: for whom, on what, which attempt, and for how long at most.
+struct Attempt<'a> {
+    consumer: &'a str,
+    identity: &'a Identity,
+    headers: Option<&'a Headers>,
+    number: u32,
+    timeout: Duration,
+}
+
+/// Runs the handler inside `tx`. An error, a panic, running past the attempt's timeout, or
+/// leaving the transaction aborted (a failed statement the handler went on from) rolls back and
+/// returns the error.
 async fn run_handler<DB: Backend, H: Handler<DB>>(
     tx: Transaction<'static, DB>,
-    consumer: &str,
     handler: &H,
-    identity: &Identity,
-    headers: Option<&Headers>,
-    attempt: u32,
+    attempt: &Attempt<'_>,
     message: H::Message,
 ) -> Result<Transaction<'static, DB>, HandlerError> {
-    let mut ctx = Context::new(tx, consumer, handler.name(), identity, headers, attempt);
+    let (identity, headers) = (attempt.identity, attempt.headers);
+    let mut ctx = Context::new(
+        tx,
+        attempt.consumer,
+        handler.name(),
+        identity,
+        headers,
+        attempt.number,
+    );
     let started = Instant::now();
-    let handled = AssertUnwindSafe(handler.handle(&mut ctx, message))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| Err(HandlerError::msg(panic_message(&*panic))));
+    let handling = AssertUnwindSafe(handler.handle(&mut ctx, message)).catch_unwind();
+    let handled = match tokio::time::timeout(attempt.timeout, handling).await {
+        Ok(finished) => {
+            finished.unwrap_or_else(|panic| Err(HandlerError::msg(panic_message(&*panic))))
+        }
+        Err(_) => Err(HandlerError::msg(format!(
+            "handler timed out after {:?}",
+            attempt.timeout
+        ))),
+    };
     metrics::histogram!("inbox_handler_duration_seconds", "handler" => handler.name())
         .record(started.elapsed().as_secs_f64());
-    let tx = ctx.into_transaction();
+    let mut tx = ctx.into_transaction();
+    let handled = match handled {
+        Ok(()) => DB::check_open(&mut tx).await.map_err(aborted),
+        Err(error) => Err(error),
+    };
     match handled {
         Ok(()) => Ok(tx),
         Err(error) => {
@@ -359,6 +442,14 @@ async fn run_handler<DB: Backend, H: Handler<DB>>(
             Err(error)
         }
     }
+}
+
+/// The failure of a handler that returned `Ok` on a transaction it left unable to commit.
+fn aborted(error: sqlx::Error) -> HandlerError {
+    HandlerError::msg(format!(
+        "the handler returned Ok, but its transaction can no longer commit ({error}); a statement \
+         that may fail must run in a savepoint (`tx.begin()`) for the handler to go on after it"
+    ))
 }
 
 /// What a handler's panic said, as an error message.
@@ -372,49 +463,71 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 }
 
 /// The outcome of a message seen before: a `Conflict` if its content differs (logged, never
-/// applied), `Dead` if it was given up on, else a `Duplicate`.
-fn seen_outcome(claim: &Claim<'_>, stored_hash: &[u8], status: &str) -> Outcome {
-    if stored_hash != claim.payload_hash {
+/// applied), `Dead` if it was given up on, [`Error::RetryNotDue`] if it failed and its retry is
+/// not due yet, else a `Duplicate`.
+fn seen_outcome(claim: &Claim<'_>, seen: &Seen) -> Result<Outcome, Error> {
+    if seen.payload_hash != claim.payload_hash {
         tracing::warn!(
             consumer = claim.consumer,
             handler = claim.handler,
             message_id = claim.message_id,
             "conflict: a message with this id was seen before with different content; not applied"
         );
-        return Outcome::Conflict;
+        return Ok(Outcome::Conflict);
     }
-    match status {
-        "dead" => Outcome::Dead,
-        _ => Outcome::Duplicate,
+    match seen.status.as_str() {
+        "dead" => Ok(Outcome::Dead),
+        "failed" => {
+            let wait_ms = seen.retry_at_ms.unwrap_or(0).saturating_sub(claim.now_ms);
+            Err(Error::RetryNotDue {
+                handler: claim.handler.to_owned(),
+                message_id: claim.message_id.to_owned(),
+                retry_after: Duration::from_millis(wait_ms.max(0).unsigned_abs()),
+            })
+        }
+        _ => Ok(Outcome::Duplicate),
     }
 }
 
+/// How many parked successors a guarded message releases before its delivery is settled; the
+/// rest are released by the runtime's next sweep ([`resume`]), so that a long chain does not
+/// outlast the broker's ack deadline.
+pub const RELEASES_PER_MESSAGE: u32 = 100;
+
 /// Releases the parked successors of `aggregate` that can apply now, each in its own transaction,
-/// in sequence order. Returns how many applied.
+/// in sequence order, until one fails or `limit` have been released. Returns how many applied.
 ///
-/// A crash between two releases loses nothing: what was released is committed, the rest stays
-/// parked, and the next delivery for the aggregate (or [`resume`]) carries on.
+/// A released message that fails goes the way of any failure: recorded with its attempt and
+/// error, retried by `retry` (from the store, see [`retry_due`]) or dead; its successors wait
+/// behind it. A crash between two releases loses nothing: what was released is committed, the
+/// rest stays parked, and the next delivery for the aggregate (or [`resume`]) carries on.
 pub async fn release<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
     aggregate: &str,
+    retry: &RetryPolicy,
+    limit: u32,
 ) -> Result<u32, Error> {
     let mut released = 0;
-    while let Some(outcome) = release_next(pool, consumer, handler, aggregate).await? {
-        released += u32::from(outcome == Outcome::Released);
+    while released < limit {
+        match release_next(pool, consumer, handler, aggregate, retry).await? {
+            Some(outcome) => released += u32::from(outcome == Outcome::Released),
+            None => break,
+        }
     }
     Ok(released)
 }
 
 /// [`release`] after a message was guarded, if anything is parked for its aggregate: a failure
-/// stops the chain and is logged, since the message itself is settled and the chain resumes with
-/// the aggregate's next delivery.
+/// stops the chain and is logged (a failed release is recorded like any failure), since the
+/// message itself is settled.
 async fn release_logged<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
     aggregate: &str,
+    retry: &RetryPolicy,
 ) -> u32 {
     let stream = Stream {
         consumer,
@@ -429,25 +542,28 @@ async fn release_logged<DB: Backend, H: Handler<DB>>(
         }
     }
     let mut released = 0;
-    loop {
-        match release_next(pool, consumer, handler, aggregate).await {
+    while released < RELEASES_PER_MESSAGE {
+        match release_next(pool, consumer, handler, aggregate, retry).await {
             Ok(Some(outcome)) => released += u32::from(outcome == Outcome::Released),
-            Ok(None) => return released,
+            Ok(None) => break,
             Err(error) => {
-                tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed; it stays parked");
-                return released;
+                tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed");
+                break;
             }
         }
     }
+    released
 }
 
 /// Applies the lowest parked message of the stream if it is the next one (`Released`), or settles
-/// it as `Stale` if its sequence was applied meanwhile. `None` when nothing can be released.
+/// it as `Stale` if its sequence was applied meanwhile. `None` when nothing can be released. A
+/// parked message that no longer decodes is marked dead with the reason.
 async fn release_next<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
     aggregate: &str,
+    retry: &RetryPolicy,
 ) -> Result<Option<Outcome>, Error> {
     let stream = Stream {
         consumer,
@@ -456,7 +572,7 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
     };
     let mut tx = DB::begin(pool).await?;
     let last = DB::lock_stream(&mut tx, &stream).await?;
-    let Some(parked) = DB::next_parked(&mut tx, &stream, last + 1).await? else {
+    let Some(parked) = DB::next_parked(&mut tx, &stream, last.saturating_add(1)).await? else {
         tx.rollback().await?;
         return Ok(None);
     };
@@ -471,34 +587,67 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
         return Ok(Some(Outcome::Stale));
     }
     let (message, headers, identity) =
-        decode_stored(handler, &parked.payload, parked.headers.as_deref())?;
+        match decode_stored(handler, &parked.payload, parked.headers.as_deref()) {
+            Ok(decoded) => decoded,
+            Err(error) => {
+                tx.rollback().await?;
+                bury_undecodable(pool, &key, "released", &error).await?;
+                return Ok(Some(Outcome::Dead));
+            }
+        };
     DB::set_stream(&mut tx, &stream, parked.sequence_number).await?;
-    let run = run_handler(tx, consumer, handler, &identity, Some(&headers), 1, message);
-    let mut tx = run.await.map_err(|error| Error::Handler {
-        handler: handler.name(),
-        error,
-        attempt: 1,
-        retry_after: Some(Duration::ZERO),
-    })?;
-    DB::settle(&mut tx, &key, "processed").await?;
-    tx.commit().await?;
-    Ok(Some(Outcome::Released))
+    let attempt = Attempt {
+        consumer,
+        identity: &identity,
+        headers: Some(&headers),
+        number: 1,
+        timeout: retry.timeout(),
+    };
+    match run_handler(tx, handler, &attempt, message).await {
+        Ok(mut tx) => {
+            DB::settle(&mut tx, &key, "processed").await?;
+            tx.commit().await?;
+            Ok(Some(Outcome::Released))
+        }
+        Err(error) => {
+            let payload_hash = content_hash(&parked.payload);
+            let claim = Claim {
+                consumer,
+                handler: handler.name(),
+                message_id: &parked.message_id,
+                message_type: H::Message::TYPE,
+                aggregate: Some(aggregate),
+                sequence: Some(parked.sequence_number),
+                payload_hash: &payload_hash,
+                now_ms: now_ms(),
+            };
+            let failure = Failure {
+                payload: &parked.payload,
+                headers: &headers_json(Some(&headers)),
+                error: &error.to_string(),
+            };
+            record_failure(pool, handler.name(), &claim, &failure, error, retry)
+                .await
+                .map(Some)
+        }
+    }
 }
 
-/// Releases what can be released for every aggregate of `handler`: what a failed or crashed
-/// release chain left parked behind an applied predecessor. An aggregate whose release fails is
-/// logged and left for the next attempt; the others go on.
+/// Releases what can be released for every aggregate of `handler`: what a failed, bounded or
+/// crashed release chain left parked behind an applied predecessor. An aggregate whose release
+/// fails is logged and left for the next attempt; the others go on.
 pub async fn resume<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
+    retry: &RetryPolicy,
 ) -> Result<u32, Error> {
     let mut released = 0;
     for aggregate in DB::releasable(pool, consumer, handler.name()).await? {
-        match release(pool, consumer, handler, &aggregate).await {
+        match release(pool, consumer, handler, &aggregate, retry, u32::MAX).await {
             Ok(count) => released += count,
             Err(error) => {
-                tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed; it stays parked")
+                tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed")
             }
         }
     }
@@ -513,6 +662,7 @@ pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
     consumer: &str,
     handler: &H,
     aggregate: &str,
+    retry: &RetryPolicy,
 ) -> Result<u32, Error> {
     let stream = Stream {
         consumer,
@@ -520,7 +670,7 @@ pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
         aggregate,
     };
     open_gap(pool, &stream).await?;
-    release(pool, consumer, handler, aggregate).await
+    release(pool, consumer, handler, aggregate, retry, u32::MAX).await
 }
 
 /// Skips the gap in front of a stream's parked messages without releasing them: messages a gap
@@ -592,7 +742,7 @@ pub async fn expire_gaps<DB: Backend>(
 /// Replays dead message `message_id` of `handler`, after its handler or data was fixed, recording
 /// who replays it and why: it is handled again from its first attempt, so a replay that succeeds is
 /// `Processed`, and one that fails is recorded like any failure (and retried by a runtime's sweep,
-/// see [`replay_requested`]). A message that is already handled is a `Duplicate`, like any
+/// see [`retry_due`]). A message that is already handled is a `Duplicate`, like any
 /// redelivery.
 pub async fn replay<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
@@ -618,7 +768,7 @@ pub async fn replay<DB: Backend, H: Handler<DB>>(
 
 /// Asks for dead (or failed) message `key` to be replayed, recording who asks and why, without
 /// handling it: the runtime that owns its handler does, on its next sweep (see
-/// [`replay_requested`]). This is how an operator replays from outside the consumer's process.
+/// [`retry_due`]). This is how an operator replays from outside the consumer's process.
 pub async fn request_replay<DB: Backend>(
     pool: &Pool<DB>,
     key: &MessageKey<'_>,
@@ -665,44 +815,29 @@ async fn resolve_dead<DB: Backend>(
     Ok(())
 }
 
-/// Handles the messages of `handler` whose replay was requested (by [`request_replay`], or a
-/// replay that failed again and whose retry delay has passed), each from its stored payload through
-/// the guarded path; at most 500 per call. A message that fails is recorded like any failure, so it
-/// is tried again by a later call until `retry` gives up and it is dead again; one that can no
+/// Retries the `failed` messages of `handler` whose next attempt is due, each from its stored
+/// payload through the guarded path, soonest first; at most 500 per call. Replays an operator
+/// requested ([`request_replay`]) are due at once. Once a failure is recorded the store owns the
+/// retry: this is how a message is retried when its redelivery never comes (a broker that gave up,
+/// dead-lettered it on its own, or moved its offset past it), and how a released message that
+/// failed is retried. A message that fails again is recorded like any failure; one that can no
 /// longer be decoded is dead at once, with the reason. Returns how many were processed.
-pub async fn replay_requested<DB: Backend, H: Handler<DB>>(
+pub async fn retry_due<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
     retry: &RetryPolicy,
 ) -> Result<u32, Error> {
     let mut processed = 0;
-    for requested in DB::replays_requested(pool, consumer, handler.name(), 500).await? {
-        if !replay_due(&requested, retry) {
-            continue;
-        }
-        let message_id = &requested.message_id;
-        match rerun(pool, consumer, handler, message_id, retry).await {
+    for message_id in DB::due_retries(pool, consumer, handler.name(), now_ms(), 500).await? {
+        match rerun(pool, consumer, handler, &message_id, retry).await {
             Ok(outcome) => processed += u32::from(outcome == Outcome::Processed),
             Err(error) => {
-                tracing::warn!(handler = handler.name(), message_id, %error, "a requested replay failed")
+                tracing::warn!(handler = handler.name(), message_id, %error, "a retry from the store failed")
             }
         }
     }
     Ok(processed)
-}
-
-/// Whether a requested replay is due: at once when requested, then after the retry policy's delay
-/// for the attempts that failed since.
-fn replay_due(requested: &RequestedReplay, retry: &RetryPolicy) -> bool {
-    let failed = u32::try_from(requested.attempt_count).unwrap_or(0);
-    if failed == 0 {
-        return true;
-    }
-    let waited = requested.failed_secs_ago.unwrap_or(f64::MAX);
-    retry
-        .delay_after(failed)
-        .is_none_or(|delay| waited >= delay.as_secs_f64())
 }
 
 /// Handles a failed message again from its stored payload and headers; one that cannot be decoded
@@ -729,31 +864,34 @@ async fn rerun<DB: Backend, H: Handler<DB>>(
     let (message, headers, identity) =
         match decode_stored(handler, payload, stored.headers.as_deref()) {
             Ok(decoded) => decoded,
-            Err(error) => return bury_unreplayable(pool, &key, error).await,
+            Err(error) => {
+                bury_undecodable(pool, &key, "replayed", &error).await?;
+                return Err(error);
+            }
         };
-    let guarded = process(
-        pool,
-        consumer,
-        handler,
-        message,
-        &identity,
-        Some(&headers),
-        retry,
-    );
+    let received = Received {
+        payload,
+        identity: &identity,
+        headers: Some(&headers),
+    };
+    let guarded = process(pool, consumer, handler, message, received, retry);
     Ok(guarded.await?.outcome)
 }
 
-/// Marks dead a failed message whose stored payload no longer decodes, and returns why.
-async fn bury_unreplayable<DB: Backend>(
+/// Marks dead a failed or parked message whose stored payload no longer decodes, with the reason
+/// "cannot be `action`: ...".
+async fn bury_undecodable<DB: Backend>(
     pool: &Pool<DB>,
     key: &MessageKey<'_>,
-    error: Error,
-) -> Result<Outcome, Error> {
-    let reason = format!("cannot be replayed: {error}");
+    action: &str,
+    error: &Error,
+) -> Result<(), Error> {
+    let reason = format!("cannot be {action}: {error}");
+    tracing::warn!(handler = key.handler, message_id = key.message_id, %reason, "message is dead");
     let mut tx = DB::begin(pool).await?;
     DB::bury(&mut tx, key, Some(&reason)).await?;
     tx.commit().await?;
-    Err(error)
+    Ok(())
 }
 
 /// A stored message, its headers and its identity, decoded for `handler`.

@@ -70,7 +70,9 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     /// ordering guard, the user's writes, then commit. Under strict ordering, the parked
     /// successors it unblocks are applied too, each in its own transaction, before this returns.
     /// A failure is recorded under [`RetryPolicy::default`] and returned as [`Error::Handler`],
-    /// which says when to call again, or that the message is now dead.
+    /// which says when to call again, or that the message is now dead; calling again before then
+    /// is [`Error::RetryNotDue`]. The message's content, for dedup, is its JSON encoding with
+    /// keys in order.
     fn process<'a>(
         &'a self,
         pool: &'a Pool<DB>,
@@ -81,16 +83,16 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     {
         Box::pin(async move {
             let identity = self.identity(&message)?;
-            let guarded = crate::guard::process(
-                pool,
-                DEFAULT_CONSUMER,
-                self,
-                message,
-                &identity,
-                None,
-                &RetryPolicy::default(),
-            )
-            .await?;
+            let payload = crate::guard::canonical_payload(&message)?;
+            let received = crate::guard::Received {
+                payload: &payload,
+                identity: &identity,
+                headers: None,
+            };
+            let retry = RetryPolicy::default();
+            let guarded =
+                crate::guard::process(pool, DEFAULT_CONSUMER, self, message, received, &retry)
+                    .await?;
             Ok(guarded.outcome)
         })
     }

@@ -3,9 +3,16 @@
 use std::borrow::Cow;
 
 use crate::error::Error;
+use crate::handler::Ordering;
 
 /// The longest message id or aggregate id the inbox accepts, in bytes.
 pub const MAX_ID_LEN: usize = 512;
+
+/// The largest sequence the inbox accepts: 2^53 - 1, the largest integer every JSON producer
+/// represents exactly. Sequences start at 0 (strict ordering: at 1), so an aggregate's stream can
+/// always move past its last sequence, and a bogus sequence is refused at the door instead of
+/// making its aggregate stale.
+pub const MAX_SEQUENCE: i64 = (1 << 53) - 1;
 
 /// The identity of one message for one handler, read from the fields named in `#[inbox_handler]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,7 +23,9 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Builds an identity, rejecting an empty or oversized message id or aggregate id.
+    /// Builds an identity, rejecting an empty or oversized message id or aggregate id, one that
+    /// holds a NUL character (which no database stores as text), and a sequence outside
+    /// `0..=`[`MAX_SEQUENCE`].
     ///
     /// A key of several fields is stored as a JSON array of their text forms, so that no two
     /// different keys share a stored id.
@@ -32,6 +41,8 @@ impl Identity {
     /// assert_eq!(composite.message_id(), r#"["a:b","c"]"#);
     ///
     /// assert!(Identity::new(&[Cow::Borrowed("")], None, None).is_err());
+    /// assert!(Identity::new(&[Cow::Borrowed("a\0")], None, None).is_err());
+    /// assert!(Identity::new(&[Cow::Borrowed("a")], Some(Cow::Borrowed("o")), Some(i64::MAX)).is_err());
     /// ```
     pub fn new(
         key: &[Cow<'_, str>],
@@ -47,11 +58,23 @@ impl Identity {
         if let Some(aggregate) = &aggregate {
             check_id("aggregate id", aggregate)?;
         }
+        if let Some(sequence) = sequence {
+            check_sequence(sequence, 0)?;
+        }
         Ok(Self {
             message_id,
             aggregate,
             sequence,
         })
+    }
+
+    /// Checks what `ordering` asks of the sequence beyond [`Identity::new`]: strict ordering
+    /// numbers an aggregate's messages from 1.
+    pub fn check_ordering(&self, ordering: Ordering) -> Result<(), Error> {
+        match (ordering, self.sequence) {
+            (Ordering::Strict { .. }, Some(sequence)) => check_sequence(sequence, 1),
+            _ => Ok(()),
+        }
     }
 
     /// The dedup key, unique per consumer and handler.
@@ -77,6 +100,12 @@ fn check_id(what: &'static str, id: &str) -> Result<(), Error> {
             reason: "it is empty".into(),
         });
     }
+    if id.contains('\0') {
+        return Err(Error::InvalidIdentity {
+            what,
+            reason: "it contains a NUL character, which the database cannot store".into(),
+        });
+    }
     if id.len() > MAX_ID_LEN {
         return Err(Error::InvalidIdentity {
             what,
@@ -84,4 +113,14 @@ fn check_id(what: &'static str, id: &str) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+fn check_sequence(sequence: i64, first: i64) -> Result<(), Error> {
+    if (first..=MAX_SEQUENCE).contains(&sequence) {
+        return Ok(());
+    }
+    Err(Error::InvalidIdentity {
+        what: "sequence",
+        reason: format!("it is {sequence}; sequences run from {first} to {MAX_SEQUENCE}"),
+    })
 }

@@ -16,31 +16,33 @@ mod retention;
 mod retry;
 mod status;
 mod store;
+mod text;
 
 pub use backend::{
     Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, Resolution,
-    StoredPayload, Stream, sqlite_options,
+    Seen, StoredPayload, Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
 pub use error::{Error, HandlerError};
 pub use guard::{
-    ExpiredGap, Guarded, discard, expire_gaps, open_gap, process, release, replay,
-    replay_requested, request_replay, resume, skip_gap,
+    ExpiredGap, Guarded, RELEASES_PER_MESSAGE, Received, discard, expire_gaps, open_gap, process,
+    release, replay, request_replay, resume, retry_due, skip_gap,
 };
 pub use handler::{
     DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult, Headers, Ordering,
 };
-pub use identity::{Identity, MAX_ID_LEN};
+pub use identity::{Identity, MAX_ID_LEN, MAX_SEQUENCE};
 pub use message::{Identifier, Message, SequenceNumber};
 pub use outcome::Outcome;
 pub use retention::{PurgeReport, Retention, purge, purge_preview};
-pub use retry::RetryPolicy;
+pub use retry::{DEFAULT_ATTEMPT_TIMEOUT, RetryPolicy};
 pub use status::{Status, status};
 pub use store::{
-    DeadLetterFilter, HandlerStatus, PurgeLeader, PurgePreview, RejectedDelivery, RequestedReplay,
-    Store, StoredMessage,
+    DeadLetterFilter, HandlerStatus, PurgeLeader, PurgePreview, RejectedDelivery, Store,
+    StoredMessage,
 };
+pub use text::storable_text;
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in
 /// their own table, [`MIGRATIONS_TABLE`], apart from the application's).

@@ -19,10 +19,16 @@ pub struct RetryPolicy {
     initial_delay: Duration,
     max_delay: Duration,
     jitter: f64,
+    attempt_timeout: Duration,
 }
 
+/// How long one attempt of a handler may run before it counts as failed, unless the policy says
+/// otherwise (see [`RetryPolicy::attempt_timeout`]).
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl Default for RetryPolicy {
-    /// Five attempts, waiting 1 s, 2 s, 4 s, 8 s between them (±20%).
+    /// Five attempts, waiting 1 s, 2 s, 4 s, 8 s between them (±20%), each attempt at most a
+    /// minute.
     fn default() -> Self {
         Self::new(5)
     }
@@ -30,13 +36,14 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// At most `max_attempts` attempts in all (at least 1), 1 s before the first retry, doubling
-    /// up to 5 minutes, ±20% jitter.
+    /// up to 5 minutes, ±20% jitter, each attempt at most [`DEFAULT_ATTEMPT_TIMEOUT`].
     pub fn new(max_attempts: u32) -> Self {
         Self {
             max_attempts: max_attempts.max(1),
             initial_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
             jitter: 0.2,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
         }
     }
 
@@ -52,6 +59,27 @@ impl RetryPolicy {
     pub fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction.clamp(0.0, 1.0);
         self
+    }
+
+    /// How long one attempt may run: a handler still running then is stopped, its transaction
+    /// rolled back (releasing its stream lock, and on SQLite the write lock), and the attempt
+    /// recorded as failed like any other error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use inbox_core::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::new(3).attempt_timeout(Duration::from_secs(5));
+    /// assert_eq!(policy.timeout(), Duration::from_secs(5));
+    /// ```
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
+
+    /// How long one attempt may run.
+    pub fn timeout(&self) -> Duration {
+        self.attempt_timeout
     }
 
     /// The most attempts a message gets.

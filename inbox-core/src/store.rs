@@ -151,17 +151,6 @@ pub struct PurgePreview {
     pub dead: i64,
 }
 
-/// A message whose replay an operator requested, as the sweep finds it.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct RequestedReplay {
-    /// The dedup key.
-    pub message_id: String,
-    /// Failed attempts since the request (0 until the first replay fails).
-    pub attempt_count: i32,
-    /// How long ago its last attempt failed, in seconds.
-    pub failed_secs_ago: Option<f64>,
-}
-
 /// The right to purge, held by one instance at a time (see [`Store::lead_purge`]).
 ///
 /// On PostgreSQL it holds the connection that owns the advisory lock; the lock goes when
@@ -227,14 +216,16 @@ pub trait Store: sqlx::Database {
         status: &str,
     ) -> impl Future<Output = Result<Vec<StoredMessage>, sqlx::Error>> + Send;
 
-    /// The messages of `handler` that an operator asked to replay (failed, resolution
-    /// `replayed`), by aggregate and sequence; at most `limit`.
-    fn replays_requested(
+    /// The `failed` messages of `handler` whose next attempt is due at `now_ms` (Unix epoch
+    /// milliseconds), soonest first; at most `limit`. Replays an operator requested are due at
+    /// once.
+    fn due_retries(
         pool: &Pool<Self>,
         consumer: &str,
         handler: &str,
+        now_ms: i64,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<RequestedReplay>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
     /// `(handler, status, count)` of the parked and dead messages of `consumer`.
     fn backlog(
@@ -307,7 +298,7 @@ macro_rules! sql_store {
         $db:ty,
         since: $since:literal,
         age: ($age_head:literal, $age_tail:literal),
-        failed_index: $failed_index:literal,
+        retry_index: $retry_index:literal,
         parked_index: $parked_index:literal,
         times: $times:literal,
         older: $older:literal,
@@ -382,23 +373,20 @@ macro_rules! sql_store {
                 sqlx::query_as(LIST).bind(consumer).bind(status).fetch_all(pool).await
             }
 
-            async fn replays_requested(
+            async fn due_retries(
                 pool: &Pool<Self>,
                 consumer: &str,
                 handler: &str,
+                now_ms: i64,
                 limit: i64,
-            ) -> Result<Vec<RequestedReplay>, sqlx::Error> {
-                const REPLAYS_REQUESTED: &str = concat!(
-                    "SELECT message_id, attempt_count, ",
-                    $age_head,
-                    "failed_at",
-                    $age_tail,
-                    " AS failed_secs_ago FROM inbox_messages",
-                    $failed_index,
-                    " WHERE consumer = $1 AND status = 'failed' AND handler = $2 AND resolution = 'replayed' \
-                     ORDER BY aggregate_id, sequence_number, message_id LIMIT $3"
+            ) -> Result<Vec<String>, sqlx::Error> {
+                const DUE_RETRIES: &str = concat!(
+                    "SELECT message_id FROM inbox_messages",
+                    $retry_index,
+                    " WHERE consumer = $1 AND handler = $2 AND status = 'failed' AND retry_at_ms <= $3 \
+                     ORDER BY retry_at_ms LIMIT $4"
                 );
-                sqlx::query_as(REPLAYS_REQUESTED).bind(consumer).bind(handler).bind(limit).fetch_all(pool).await
+                sqlx::query_scalar(DUE_RETRIES).bind(consumer).bind(handler).bind(now_ms).bind(limit).fetch_all(pool).await
             }
 
             async fn backlog(pool: &Pool<Self>, consumer: &str) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
@@ -478,7 +466,7 @@ sql_store!(
     Postgres,
     since: ">= now() - make_interval(secs => $4)",
     age: ("EXTRACT(EPOCH FROM now() - ", ")::float8"),
-    failed_index: "",
+    retry_index: "",
     parked_index: "",
     times: "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS received_at, \
             to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS failed_at",
@@ -497,7 +485,7 @@ sql_store!(
     since: ">= datetime('now', '-' || $4 || ' seconds')",
     age: ("(julianday('now') - julianday(", ")) * 86400.0"),
     // Without statistics, SQLite would rather walk the primary key of the consumer.
-    failed_index: " INDEXED BY inbox_messages_failed",
+    retry_index: " INDEXED BY inbox_messages_retry_due",
     parked_index: " INDEXED BY inbox_messages_parked",
     times: "received_at, failed_at",
     older: "< datetime('now', '-' || $1 || ' seconds')",

@@ -81,6 +81,11 @@ pub struct RunReport {
     pub rejected: u64,
     /// Deliveries of a type without a handler, acknowledged under [`UnknownTypes::Acknowledge`].
     pub unknown_acknowledged: u64,
+    /// Redeliveries of failed messages that came before their retry was due: nothing ran, no
+    /// attempt was counted.
+    pub not_due: u64,
+    /// Times the source failed to yield a delivery; the run asked it again after a growing delay.
+    pub source_errors: u64,
 }
 
 impl RunReport {
@@ -105,6 +110,8 @@ impl RunReport {
         self.replayed += other.replayed;
         self.rejected += other.rejected;
         self.unknown_acknowledged += other.unknown_acknowledged;
+        self.not_due += other.not_due;
+        self.source_errors += other.source_errors;
     }
 }
 
@@ -132,11 +139,14 @@ impl<DB: Backend> Inbox<DB> {
     /// handlers while the others report [`Outcome::Duplicate`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
         let jobs = self.shared.prepare(envelope)?;
-        self.shared
-            .execute(jobs, envelope)
-            .await
-            .into_iter()
-            .collect()
+        let results = self.shared.execute(jobs, envelope).await;
+        if results
+            .iter()
+            .any(|r| matches!(r, Ok(h) if h.outcome == Outcome::Processed))
+        {
+            self.shared.record_lag(envelope);
+        }
+        results.into_iter().collect()
     }
 
     /// Releases, for every strict handler, the parked messages whose predecessor has applied: what
@@ -146,12 +156,13 @@ impl<DB: Backend> Inbox<DB> {
         self.shared.resume().await
     }
 
-    /// Handles the dead messages whose replay an operator requested from outside this process
-    /// (`inbox dead replay`, [`inbox_core::request_replay`]), and the replays that failed again
-    /// and wait for their next attempt. [`Inbox::run`] does this on every sweep. Returns how many
-    /// were processed.
+    /// Retries, from the store, the failed messages whose retry is due: the dead messages whose
+    /// replay an operator requested from outside this process (`inbox dead replay`,
+    /// [`inbox_core::request_replay`]), and every failure whose backoff has passed, whether or not
+    /// the broker redelivers it. [`Inbox::run`] does this on every sweep. Returns how many were
+    /// processed.
     pub async fn replay_requested(&self) -> Result<u32, Error> {
-        self.shared.replay_requested().await
+        self.shared.retry_due().await
     }
 
     /// Purges the processed and stale rows older than the configured retention window, unless
@@ -165,10 +176,11 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Marks dead the parked messages whose missing predecessor has not arrived within their
-    /// handler's `gap_timeout`, with the reason "gap timeout at sequence n". [`Inbox::run`] does
-    /// this periodically.
+    /// handler's `gap_timeout`, with the reason "gap timeout at sequence n". A predecessor that
+    /// failed and waits for its retry is not missing. [`Inbox::run`] does this periodically, once
+    /// it has been consuming for the gap timeout.
     pub async fn expire_gaps(&self) -> Result<Vec<(&'static str, ExpiredGap)>, Error> {
-        self.shared.expire_gaps().await
+        self.shared.expire_gaps(std::time::Duration::MAX).await
     }
 
     /// Skips the gap in front of `aggregate`'s parked messages for handler `handler`, deliberately:
@@ -177,8 +189,9 @@ impl<DB: Backend> Inbox<DB> {
     pub async fn skip_gap(&self, handler: &str, aggregate: &str) -> Result<u32, Error> {
         let shared = &self.shared;
         let route = shared.registry.named(handler)?;
+        let retry = shared.retry.of(route.name());
         route
-            .skip_gap(&shared.pool, &shared.consumer, aggregate)
+            .skip_gap(&shared.pool, &shared.consumer, aggregate, retry)
             .await
     }
 
@@ -358,18 +371,20 @@ impl<DB: Backend> Shared<DB> {
     pub(crate) async fn resume(&self) -> Result<u32, Error> {
         let mut released = 0;
         for strict in self.registry.strict() {
-            released += strict.route.resume(&self.pool, &self.consumer).await?;
+            let retry = self.retry.of(strict.route.name());
+            released += strict
+                .route
+                .resume(&self.pool, &self.consumer, retry)
+                .await?;
         }
         Ok(released)
     }
 
-    pub(crate) async fn replay_requested(&self) -> Result<u32, Error> {
+    pub(crate) async fn retry_due(&self) -> Result<u32, Error> {
         let mut processed = 0;
         for route in self.registry.routes() {
             let retry = self.retry.of(route.name());
-            processed += route
-                .replay_requested(&self.pool, &self.consumer, retry)
-                .await?;
+            processed += route.retry_due(&self.pool, &self.consumer, retry).await?;
         }
         Ok(processed)
     }
@@ -394,9 +409,15 @@ impl<DB: Backend> Shared<DB> {
         Ok(())
     }
 
-    pub(crate) async fn expire_gaps(&self) -> Result<Vec<(&'static str, ExpiredGap)>, Error> {
+    /// Expires the gaps of the strict handlers whose gap timeout is at most `consuming_for`, the
+    /// time this inbox has been consuming.
+    pub(crate) async fn expire_gaps(
+        &self,
+        consuming_for: std::time::Duration,
+    ) -> Result<Vec<(&'static str, ExpiredGap)>, Error> {
         let mut expired = Vec::new();
-        for strict in self.registry.strict() {
+        let strict = self.registry.strict();
+        for strict in strict.filter(|strict| strict.gap_timeout <= consuming_for) {
             let name = strict.route.name();
             let gaps =
                 inbox_core::expire_gaps(&self.pool, &self.consumer, name, strict.gap_timeout)
@@ -425,7 +446,7 @@ impl<DB: Backend> Shared<DB> {
 
     /// `inbox_lag_seconds{consumer, message_type}`: from publication to processed, for an envelope
     /// that says when it was published (a producer clock ahead of ours counts as no lag).
-    fn record_lag(&self, envelope: &Envelope) {
+    pub(crate) fn record_lag(&self, envelope: &Envelope) {
         if let Some(produced_at) = envelope.produced_at() {
             let lag = produced_at.elapsed().unwrap_or_default();
             metrics::histogram!(
@@ -458,14 +479,7 @@ impl<DB: Backend> Shared<DB> {
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             let retry = self.retry.of(job.handler());
-            results.push(
-                job.run(&self.pool, &self.consumer, envelope.headers(), retry)
-                    .await,
-            );
-        }
-        let processed = |result: &Result<Handled, Error>| matches!(result, Ok(handled) if handled.outcome == Outcome::Processed);
-        if results.iter().any(processed) {
-            self.record_lag(envelope);
+            results.push(job.run(&self.pool, &self.consumer, envelope, retry).await);
         }
         results
     }

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use inbox_core::{
-    Backend, Envelope, Error, Handler, Headers, Identity, Ordering, Outcome, RetryPolicy,
-};
+use inbox_core::{Backend, Envelope, Error, Handler, Identity, Ordering, Outcome, RetryPolicy};
 use sqlx::Pool;
 
 /// The outcome of one handler for one delivery.
@@ -32,6 +30,7 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
         &'a self,
         pool: &'a Pool<DB>,
         consumer: &'a str,
+        retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<u32, Error>>;
     /// Replays a dead message of this handler through the guarded path.
     fn replay<'a>(
@@ -42,8 +41,9 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
         by_reason: (&'a str, &'a str),
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Outcome, Error>>;
-    /// Handles the messages of this handler whose replay an operator requested.
-    fn replay_requested<'a>(
+    /// Retries the failed messages of this handler whose retry is due (requested replays among
+    /// them).
+    fn retry_due<'a>(
         &'a self,
         pool: &'a Pool<DB>,
         consumer: &'a str,
@@ -55,6 +55,7 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
         pool: &'a Pool<DB>,
         consumer: &'a str,
         aggregate: &'a str,
+        retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<u32, Error>>;
 }
 
@@ -65,7 +66,7 @@ pub(crate) trait Job<DB: Backend>: Send {
         self: Box<Self>,
         pool: &'a Pool<DB>,
         consumer: &'a str,
-        headers: &'a Headers,
+        envelope: &'a Envelope,
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Handled, Error>>;
     fn handler(&self) -> &'static str;
@@ -90,8 +91,9 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
         &'a self,
         pool: &'a Pool<DB>,
         consumer: &'a str,
+        retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<u32, Error>> {
-        Box::pin(inbox_core::resume(pool, consumer, &*self.0))
+        Box::pin(inbox_core::resume(pool, consumer, &*self.0, retry))
     }
 
     fn skip_gap<'a>(
@@ -99,8 +101,11 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
         pool: &'a Pool<DB>,
         consumer: &'a str,
         aggregate: &'a str,
+        retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<u32, Error>> {
-        Box::pin(inbox_core::skip_gap(pool, consumer, &*self.0, aggregate))
+        Box::pin(inbox_core::skip_gap(
+            pool, consumer, &*self.0, aggregate, retry,
+        ))
     }
 
     fn replay<'a>(
@@ -116,20 +121,19 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
         ))
     }
 
-    fn replay_requested<'a>(
+    fn retry_due<'a>(
         &'a self,
         pool: &'a Pool<DB>,
         consumer: &'a str,
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<u32, Error>> {
-        Box::pin(inbox_core::replay_requested(
-            pool, consumer, &*self.0, retry,
-        ))
+        Box::pin(inbox_core::retry_due(pool, consumer, &*self.0, retry))
     }
 
     fn prepare(&self, envelope: &Envelope) -> Result<Box<dyn Job<DB>>, Error> {
         let message = envelope.decode::<H::Message>()?;
         let identity = self.0.identity(&message)?;
+        identity.check_ordering(self.0.ordering())?;
         Ok(Box::new(HandlerJob {
             handler: Arc::clone(&self.0),
             message,
@@ -157,21 +161,18 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
         self: Box<Self>,
         pool: &'a Pool<DB>,
         consumer: &'a str,
-        headers: &'a Headers,
+        envelope: &'a Envelope,
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
             let handler = &*self.handler;
-            let guarded = inbox_core::process(
-                pool,
-                consumer,
-                handler,
-                self.message,
-                &self.identity,
-                Some(headers),
-                retry,
-            )
-            .await?;
+            let received = inbox_core::Received {
+                payload: envelope.payload(),
+                identity: &self.identity,
+                headers: Some(envelope.headers()),
+            };
+            let guarded =
+                inbox_core::process(pool, consumer, handler, self.message, received, retry).await?;
             Ok(Handled {
                 handler: handler.name(),
                 outcome: guarded.outcome,

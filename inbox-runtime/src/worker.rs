@@ -1,26 +1,62 @@
-//! The worker loop: one router pulls deliveries and hands each to the worker that owns its
-//! aggregate; workers guard, commit, then settle with the broker.
+//! The worker loop: one router pulls deliveries and hands each handler's job to the worker that
+//! owns that handler's aggregate; workers guard and commit, and the last job of a delivery to
+//! finish settles it with the broker.
+//!
+//! The rule for several handlers of one message type: each handler's messages are serialized by
+//! that handler's own aggregate, so every handler sees its aggregates' messages in delivery order,
+//! whatever field the others partition by.
 
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use std::time::Duration;
-
-use inbox_core::{Backend, Error, Outcome};
+use inbox_core::{Backend, Envelope, Error, Outcome};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
 use crate::route::{Handled, Job};
-use crate::source::{Delivery, Source};
+use crate::source::{Acknowledge, Delivery, Source};
 
-/// Deliveries queued per worker before the router waits: bounds the work pulled but not done.
+/// Jobs queued per worker before the router waits: bounds the work pulled but not done.
 const QUEUE_PER_WORKER: usize = 16;
 
+/// How many deliveries of a failed message that came before its retry was due are handed back to
+/// the broker (with the time left); after that they are acknowledged and the store alone retries
+/// the message, so that a broker that redelivers at once cannot loop.
+const NOT_DUE_HANDBACKS: u32 = 10;
+
+/// How many times a delivery that could not be handled for a transient reason (the database
+/// unreachable or refusing writes) is handed back before it is kept as rejected, if the database
+/// then takes it.
+const UNHANDLED_LIMIT: u32 = 10;
+
+/// The handback delay after the first unhandled delivery, doubling with each delivery up to
+/// [`MAX_UNHANDLED_DELAY`].
+const FIRST_UNHANDLED_DELAY: Duration = Duration::from_millis(100);
+const MAX_UNHANDLED_DELAY: Duration = Duration::from_secs(60);
+
+/// A worker's index and the jobs of one delivery it runs.
+type Assigned<DB> = (usize, Vec<Box<dyn Job<DB>>>);
+
+/// What the last job of a delivery hands over to settle it.
+type Finished = (Vec<Result<Handled, Error>>, Box<dyn Acknowledge>);
+
+/// The jobs of one delivery that one worker runs, in order.
 struct Work<DB: Backend> {
-    delivery: Delivery,
     jobs: Vec<Box<dyn Job<DB>>>,
+    pending: Arc<Pending>,
+}
+
+/// A delivery whose jobs are spread over the workers: the last one to finish settles it.
+struct Pending {
+    envelope: Envelope,
+    attempt: u32,
+    acker: Mutex<Option<Box<dyn Acknowledge>>>,
+    results: Mutex<Vec<Result<Handled, Error>>>,
+    remaining: AtomicUsize,
 }
 
 pub(crate) async fn run<DB: Backend, S: Source>(
@@ -29,8 +65,9 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<RunReport, RunError> {
     let mut report = RunReport::default();
-    sweep(&shared, &mut report, Expiry::Later).await;
-    let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared));
+    let consuming_since = Instant::now();
+    sweep(&shared, &mut report, consuming_since).await;
+    let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared), consuming_since);
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
         .map(|_| spawn_worker(Arc::clone(&shared)))
@@ -59,6 +96,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
 /// released and expired.
 fn spawn_sweeper<DB: Backend>(
     shared: Arc<Shared<DB>>,
+    consuming_since: Instant,
 ) -> (oneshot::Sender<()>, JoinHandle<RunReport>) {
     let (stop, mut stopped) = oneshot::channel::<()>();
     let sweeper = tokio::spawn(async move {
@@ -69,37 +107,28 @@ fn spawn_sweeper<DB: Backend>(
                 _ = &mut stopped => return report,
                 () = tokio::time::sleep(period) => {}
             }
-            sweep(&shared, &mut report, Expiry::Now).await;
+            sweep(&shared, &mut report, consuming_since).await;
         }
     });
     (stop, sweeper)
 }
 
-/// Whether a sweep expires gaps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Expiry {
-    Now,
-    /// Not when a run starts: after downtime every gap looks overdue, though the missing message
-    /// may be waiting in the source.
-    Later,
-}
-
-/// Releases parked messages whose predecessor has applied (a release that failed earlier), handles
-/// the replays operators requested, marks dead the parked messages whose gap outlived its timeout
-/// (unless `expiry` says later), and updates the backlog gauges.
-async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport, expiry: Expiry) {
+/// Releases parked messages whose predecessor has applied (a release that failed or was bounded
+/// earlier), retries the failed messages whose retry is due (requested replays among them), marks
+/// dead the parked messages whose gap outlived its timeout, and updates the backlog gauges.
+///
+/// A gap's age counts only time this run has been consuming: after downtime every gap looks
+/// overdue, though the missing message may be waiting in the source's backlog.
+async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport, consuming_since: Instant) {
     match shared.resume().await {
         Ok(released) => report.add(Outcome::Released, u64::from(released)),
         Err(error) => tracing::warn!(%error, "could not release parked messages"),
     }
-    match shared.replay_requested().await {
+    match shared.retry_due().await {
         Ok(replayed) => report.replayed += u64::from(replayed),
-        Err(error) => tracing::warn!(%error, "could not handle the requested replays"),
+        Err(error) => tracing::warn!(%error, "could not retry the due messages"),
     }
-    if expiry == Expiry::Later {
-        return gauge_backlog(shared).await;
-    }
-    match shared.expire_gaps().await {
+    match shared.expire_gaps(consuming_since.elapsed()).await {
         Ok(gaps) => {
             report.gap_expired += gaps
                 .iter()
@@ -144,8 +173,9 @@ fn spawn_purger<DB: Backend>(shared: Arc<Shared<DB>>) -> (oneshot::Sender<()>, J
     (stop, purger)
 }
 
-/// Pulls deliveries until the source ends, `shutdown` completes or the source fails, and hands each
-/// to its worker; a delivery that cannot be handled at all is rejected here.
+/// Pulls deliveries until the source ends or `shutdown` completes, and hands each handler's job
+/// to its worker; a delivery that cannot be handled at all is rejected here. A source error is
+/// logged and counted, and the source is asked again after a growing delay.
 async fn route<DB: Backend, S: Source>(
     shared: &Shared<DB>,
     source: &mut S,
@@ -154,15 +184,29 @@ async fn route<DB: Backend, S: Source>(
     report: &mut RunReport,
 ) -> Result<(), RunError> {
     tokio::pin!(shutdown);
+    let mut source_errors = 0;
     loop {
         let next = tokio::select! {
             biased;
             () = &mut shutdown => return Ok(()),
-            next = source.next() => next.map_err(RunError::Source)?,
+            next = source.next() => next,
         };
-        let Some(delivery) = next else {
-            return Ok(());
+        let delivery = match next {
+            Ok(Some(delivery)) => delivery,
+            Ok(None) => return Ok(()),
+            Err(error) => {
+                source_errors += 1;
+                report.source_errors += 1;
+                let delay = growing_delay(source_errors);
+                tracing::warn!(%error, ?delay, "the source failed; asking it again");
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => return Ok(()),
+                    () = tokio::time::sleep(delay) => continue,
+                }
+            }
         };
+        source_errors = 0;
         let jobs = match shared.prepare(delivery.envelope()) {
             Ok(jobs) => jobs,
             Err(error) => {
@@ -170,24 +214,63 @@ async fn route<DB: Backend, S: Source>(
                 continue;
             }
         };
-        let queue = &queues[worker_for(&jobs, &delivery, queues.len())];
-        let permit = tokio::select! {
-            biased;
-            () = &mut shutdown => {
-                settle_unhandled(delivery).await;
-                return Ok(());
+        let assigned = assign(jobs, delivery.envelope(), queues.len());
+        let owners: Vec<usize> = assigned.iter().map(|(worker, _)| *worker).collect();
+        let mut permits = Vec::with_capacity(owners.len());
+        for worker in owners {
+            let permit = tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    settle_unhandled(delivery).await;
+                    return Ok(());
+                }
+                permit = queues[worker].reserve() => permit,
+            };
+            match permit {
+                Ok(permit) => permits.push(permit),
+                // The worker is gone only if it panicked; joining it re-raises that panic.
+                Err(_) => return Ok(()),
             }
-            permit = queue.reserve() => permit,
-        };
-        match permit {
-            Ok(permit) => {
-                in_flight(&shared.consumer).increment(1.0);
-                permit.send(Work { delivery, jobs });
-            }
-            // The worker is gone only if it panicked; joining it re-raises that panic.
-            Err(_) => return Ok(()),
+        }
+        in_flight(&shared.consumer).increment(1.0);
+        let pending = Arc::new(Pending::new(delivery, assigned.len()));
+        for (permit, (_, jobs)) in permits.into_iter().zip(assigned) {
+            let pending = Arc::clone(&pending);
+            permit.send(Work { jobs, pending });
         }
     }
+}
+
+/// The delay before asking again after the `times`-th consecutive failure: 100 ms, doubling, at
+/// most a minute.
+fn growing_delay(times: u32) -> Duration {
+    let doublings = times.saturating_sub(1).min(16);
+    FIRST_UNHANDLED_DELAY
+        .saturating_mul(1 << doublings)
+        .min(MAX_UNHANDLED_DELAY)
+}
+
+/// Groups a delivery's jobs by the worker that owns each one's aggregate (or, without one, the
+/// delivery's id), in registration order.
+fn assign<DB: Backend>(
+    jobs: Vec<Box<dyn Job<DB>>>,
+    envelope: &Envelope,
+    workers: usize,
+) -> Vec<Assigned<DB>> {
+    let mut assigned: Vec<Assigned<DB>> = Vec::new();
+    for job in jobs {
+        let mut hasher = DefaultHasher::new();
+        match job.aggregate() {
+            Some(aggregate) => (job.handler(), aggregate).hash(&mut hasher),
+            None => envelope.id().hash(&mut hasher),
+        }
+        let worker = (hasher.finish() % workers as u64) as usize;
+        match assigned.iter_mut().find(|(owner, _)| *owner == worker) {
+            Some((_, jobs)) => jobs.push(job),
+            None => assigned.push((worker, vec![job])),
+        }
+    }
+    assigned
 }
 
 /// Hands a pulled delivery back to the broker unhandled, at shutdown.
@@ -198,19 +281,39 @@ async fn settle_unhandled(delivery: Delivery) {
 }
 
 /// Settles a delivery that cannot be handled at all (unknown type, undecodable payload, unusable
-/// id, oversized payload): kept as rejected, with its bytes and the reason, then acknowledged; or,
-/// for an unknown type under [`UnknownTypes::Acknowledge`], acknowledged and counted. If it cannot
-/// be kept, it is handed back to the broker instead.
+/// id, oversized payload, or a transient failure that outlasted [`UNHANDLED_LIMIT`] deliveries):
+/// kept as rejected, with its bytes and the reason, then acknowledged; or, for an unknown type
+/// under [`UnknownTypes::Acknowledge`], acknowledged and counted. If it cannot be kept, it is
+/// handed back to the broker after a growing delay instead.
 async fn reject<DB: Backend>(
     shared: &Shared<DB>,
     delivery: Delivery,
     error: Error,
     report: &mut RunReport,
 ) {
-    let envelope = delivery.envelope();
+    let (envelope, attempt, acker) = delivery.into_parts();
+    let settled = match keep_rejected(shared, &envelope, &error, report).await {
+        Ok(()) => acker.ack().await,
+        Err(database) => {
+            tracing::error!(%database, "could not keep a rejected delivery; handing it back");
+            acker.nack(growing_delay(attempt)).await
+        }
+    };
+    if let Err(error) = settled {
+        tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
+    }
+}
+
+/// Keeps a delivery as rejected with the reason (or counts an unknown type that is acknowledged).
+async fn keep_rejected<DB: Backend>(
+    shared: &Shared<DB>,
+    envelope: &Envelope,
+    error: &Error,
+    report: &mut RunReport,
+) -> Result<(), sqlx::Error> {
     let skip = matches!(error, Error::UnknownMessageType(_))
         && shared.unknown_types == UnknownTypes::Acknowledge;
-    let kept = if skip {
+    if skip {
         tracing::warn!(
             id = envelope.id(),
             message_type = envelope.message_type(),
@@ -219,42 +322,28 @@ async fn reject<DB: Backend>(
         report.unknown_acknowledged += 1;
         metrics::counter!("inbox_unknown_types_total", "consumer" => shared.consumer.clone())
             .increment(1);
-        Ok(())
-    } else {
-        tracing::warn!(id = envelope.id(), message_type = envelope.message_type(), %error, "delivery rejected");
-        DB::reject(&shared.pool, &shared.consumer, envelope, &error.to_string())
-            .await
-            .map(|_| {
-                report.rejected += 1;
-                metrics::counter!("inbox_rejected_total", "consumer" => shared.consumer.clone())
-                    .increment(1);
-            })
-    };
-    let settled = match kept {
-        Ok(()) => delivery.ack().await,
-        Err(database) => {
-            tracing::error!(%database, "could not keep a rejected delivery; handing it back");
-            delivery.nack(Duration::ZERO).await
-        }
-    };
-    if let Err(error) = settled {
-        tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
+        return Ok(());
     }
+    store_rejected(shared, envelope, &error.to_string(), report).await
 }
 
-/// The worker that owns the delivery's aggregate (or, without one, its id).
-fn worker_for<DB: Backend>(
-    jobs: &[Box<dyn Job<DB>>],
-    delivery: &Delivery,
-    workers: usize,
-) -> usize {
-    let key = jobs
-        .iter()
-        .find_map(|job| job.aggregate())
-        .unwrap_or(delivery.envelope().id());
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    (hasher.finish() % workers as u64) as usize
+/// Keeps a delivery as rejected, with its bytes and `reason`.
+async fn store_rejected<DB: Backend>(
+    shared: &Shared<DB>,
+    envelope: &Envelope,
+    reason: &str,
+    report: &mut RunReport,
+) -> Result<(), sqlx::Error> {
+    tracing::warn!(
+        id = envelope.id(),
+        message_type = envelope.message_type(),
+        reason,
+        "delivery rejected"
+    );
+    DB::reject(&shared.pool, &shared.consumer, envelope, reason).await?;
+    report.rejected += 1;
+    metrics::counter!("inbox_rejected_total", "consumer" => shared.consumer.clone()).increment(1);
+    Ok(())
 }
 
 fn spawn_worker<DB: Backend>(
@@ -264,31 +353,92 @@ fn spawn_worker<DB: Backend>(
     (queue, tokio::spawn(handle_all(shared, work)))
 }
 
-/// Handles queued deliveries in order until the router closes the queue.
+/// Runs queued jobs in order until the router closes the queue; the worker that finishes a
+/// delivery's last job settles it.
 async fn handle_all<DB: Backend>(
     shared: Arc<Shared<DB>>,
     mut work: mpsc::Receiver<Work<DB>>,
 ) -> RunReport {
     let mut report = RunReport::default();
-    while let Some(Work { delivery, jobs }) = work.recv().await {
-        let results = shared.execute(jobs, delivery.envelope()).await;
-        let settlement = settle(&results, &mut report);
-        let settled = match settlement {
-            Settlement::Ack => {
-                report.acked += 1;
-                delivery.ack().await
-            }
-            Settlement::Retry(delay) => {
-                report.failed += 1;
-                delivery.nack(delay).await
-            }
-        };
-        in_flight(&shared.consumer).decrement(1.0);
-        if let Err(error) = settled {
-            tracing::warn!(%error, "settling a delivery failed; the broker will redeliver it");
+    while let Some(Work { jobs, pending }) = work.recv().await {
+        let results = shared.execute(jobs, &pending.envelope).await;
+        if let Some((results, acker)) = pending.finish(results) {
+            settle_delivery(&shared, &pending, results, acker, &mut report).await;
         }
     }
     report
+}
+
+impl Pending {
+    fn new(delivery: Delivery, jobs: usize) -> Self {
+        let (envelope, attempt, acker) = delivery.into_parts();
+        Self {
+            envelope,
+            attempt,
+            acker: Mutex::new(Some(acker)),
+            results: Mutex::new(Vec::new()),
+            remaining: AtomicUsize::new(jobs),
+        }
+    }
+
+    /// Adds one worker's results; for the last one, returns them all and the means to settle.
+    fn finish(&self, results: Vec<Result<Handled, Error>>) -> Option<Finished> {
+        let mut all = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        all.extend(results);
+        let last = self
+            .remaining
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1;
+        if !last {
+            return None;
+        }
+        let acker = self
+            .acker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        Some((std::mem::take(&mut *all), acker))
+    }
+}
+
+/// Settles a delivery once all its jobs ran: acknowledged, handed back, or kept as rejected.
+async fn settle_delivery<DB: Backend>(
+    shared: &Shared<DB>,
+    pending: &Pending,
+    results: Vec<Result<Handled, Error>>,
+    acker: Box<dyn Acknowledge>,
+    report: &mut RunReport,
+) {
+    if results
+        .iter()
+        .any(|r| matches!(r, Ok(h) if h.outcome == Outcome::Processed))
+    {
+        shared.record_lag(&pending.envelope);
+    }
+    let settled = match settle(&results, pending.attempt, report) {
+        Settlement::Ack => {
+            report.acked += 1;
+            acker.ack().await
+        }
+        Settlement::Retry(delay) => {
+            report.failed += 1;
+            acker.nack(delay).await
+        }
+        Settlement::Reject(reason) => {
+            match store_rejected(shared, &pending.envelope, &reason, report).await {
+                Ok(()) => acker.ack().await,
+                Err(database) => {
+                    tracing::error!(%database, "could not keep a rejected delivery; handing it back");
+                    report.failed += 1;
+                    acker.nack(growing_delay(pending.attempt)).await
+                }
+            }
+        }
+    };
+    in_flight(&shared.consumer).decrement(1.0);
+    if let Err(error) = settled {
+        tracing::warn!(%error, "settling a delivery failed; the broker will redeliver it");
+    }
 }
 
 /// `inbox_in_flight{consumer}`: deliveries pulled from the source and not settled yet.
@@ -297,18 +447,27 @@ fn in_flight(consumer: &str) -> metrics::Gauge {
 }
 
 /// What to tell the broker about a delivery.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 enum Settlement {
-    /// Every handler is done with it: processed (or skipped), or dead and kept.
+    /// Every handler is done with it: processed (or skipped), dead and kept, or failed with the
+    /// retry owned by the store.
     Ack,
     /// Deliver it again after this delay.
     Retry(Duration),
+    /// It cannot be handled, for this reason: keep it as rejected, then acknowledge it.
+    Reject(String),
 }
 
-/// Counts the outcomes of one delivery's handlers and decides its settlement: acknowledged only
-/// when each handler's result is durable (committed, or recorded dead); else handed back after the
-/// shortest retry delay, at once if a failure could not even be recorded.
-fn settle(results: &[Result<Handled, Error>], report: &mut RunReport) -> Settlement {
+/// Counts the outcomes of one delivery's handlers and decides its settlement, for the
+/// `attempt`-th delivery:
+/// - acknowledged when each handler's result is durable: committed, or dead;
+/// - handed back after the retry delay when a handler failed and its retry is recorded (the
+///   policy's attempt limit bounds these), or after the time left when it came before its retry
+///   was due (acknowledged after [`NOT_DUE_HANDBACKS`] deliveries: the store retries it);
+/// - kept as rejected when a handler's error is about the message itself;
+/// - handed back after a delay that grows with `attempt` when the database failed transiently,
+///   and kept as rejected after [`UNHANDLED_LIMIT`] such deliveries.
+fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunReport) -> Settlement {
     let mut retry: Option<Duration> = None;
     for result in results {
         let delay = match result {
@@ -330,9 +489,22 @@ fn settle(results: &[Result<Handled, Error>], report: &mut RunReport) -> Settlem
                 report.add(Outcome::Retrying, 1);
                 *delay
             }
+            Err(Error::RetryNotDue { retry_after, .. }) => {
+                report.not_due += 1;
+                if attempt >= NOT_DUE_HANDBACKS {
+                    continue;
+                }
+                *retry_after
+            }
+            Err(error) if !error.is_transient() => return Settlement::Reject(error.to_string()),
+            Err(error) if attempt >= UNHANDLED_LIMIT => {
+                return Settlement::Reject(format!(
+                    "not handled after {attempt} deliveries: {error}"
+                ));
+            }
             Err(error) => {
-                tracing::warn!(%error, "handling failed before the failure could be recorded; handing the delivery back");
-                Duration::ZERO
+                tracing::warn!(%error, attempt, "handling failed before the failure could be recorded; handing the delivery back");
+                growing_delay(attempt)
             }
         };
         retry = Some(retry.map_or(delay, |shortest| shortest.min(delay)));

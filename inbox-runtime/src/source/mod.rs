@@ -56,6 +56,11 @@ impl Delivery {
         self.attempt
     }
 
+    /// The envelope, the delivery count and the means to settle, apart.
+    pub(crate) fn into_parts(self) -> (Envelope, u32, Box<dyn Acknowledge>) {
+        (self.envelope, self.attempt, self.acker)
+    }
+
     /// Acknowledges the delivery.
     pub async fn ack(self) -> Result<(), SourceError> {
         self.acker.ack().await
