@@ -1,0 +1,454 @@
+//! Failure paths that must neither lose a message, loop, nor bury the wrong one: content hashed
+//! over what was delivered, failures recorded per content, the backoff held whoever redelivers,
+//! retries owned by the store, failed releases recorded, gaps only where the predecessor is
+//! absent, sequences validated at the door, and each handler serialized by its own aggregate.
+//! Every test runs on SQLite and, when configured, on PostgreSQL.
+
+mod common;
+
+macro_rules! hardening_suite {
+    ($db:ty, $connect:path) => {
+        use std::collections::HashMap;
+        use std::time::Duration;
+
+        use inbox::prelude::*;
+        use inbox::{Backend, Error, MemoryBroker, RetryPolicy};
+        use inbox_core::{Claim, Failure};
+
+        type Pool = sqlx::Pool<$db>;
+
+        /// A payment whose `kind` says how its handler behaves: `fail-once` fails on its first
+        /// attempt, `fail` always, `crash-at-2` fails for sequence 2 while the `blocked` table
+        /// holds a row.
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "hardening.payment")]
+        struct Payment {
+            id: String,
+            order: String,
+            seq: i64,
+            kind: String,
+            #[serde(default)]
+            tags: HashMap<String, i64>,
+        }
+
+        /// The same type tag before a deploy added `currency`.
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "hardening.payment")]
+        struct PaymentV1 {
+            id: String,
+            order: String,
+            seq: i64,
+            kind: String,
+        }
+
+        /// The type after the deploy.
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "hardening.payment")]
+        struct PaymentV2 {
+            id: String,
+            order: String,
+            seq: i64,
+            kind: String,
+            #[serde(default)]
+            currency: Option<String>,
+        }
+
+        fn payment(id: &str, order: &str, seq: i64, kind: &str) -> Payment {
+            Payment { id: id.into(), order: order.into(), seq, kind: kind.into(), tags: HashMap::new() }
+        }
+
+        async fn record(ctx: &mut Context<'_, $db>, payment: &Payment) -> Result<(), HandlerError> {
+            match payment.kind.as_str() {
+                "fail" => return Err(HandlerError::msg("never works")),
+                "fail-once" if ctx.attempt() == 1 => return Err(HandlerError::msg("first attempt fails")),
+                "permanent-at-2" if payment.seq == 2 => {
+                    return Err(HandlerError::permanent(HandlerError::msg("sequence 2 is refused")))
+                }
+                "crash-at-2" if payment.seq == 2 => {
+                    let blocked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM blocked").fetch_one(&mut **ctx).await?;
+                    if blocked > 0 {
+                        return Err(HandlerError::msg("sequence 2 is blocked"));
+                    }
+                }
+                _ => {}
+            }
+            sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ($1, $2, $3)")
+                .bind(ctx.handler())
+                .bind(payment.id.clone())
+                .bind(payment.seq)
+                .execute(&mut **ctx)
+                .await?;
+            Ok(())
+        }
+
+        #[inbox_handler(key = "id", name = "payments")]
+        async fn pay(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
+            record(ctx, &payment).await
+        }
+
+        #[inbox_handler(key = "id", sequence = "seq", aggregate = "order", ordering = "strict", name = "strict")]
+        async fn pay_strict(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
+            record(ctx, &payment).await
+        }
+
+        #[inbox_handler(key = "id", sequence = "seq", aggregate = "order", name = "monotonic")]
+        async fn pay_monotonic(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
+            record(ctx, &payment).await
+        }
+
+        #[inbox_handler(key = "id", name = "versioned")]
+        async fn pay_v1(ctx: &mut Context<'_, $db>, payment: PaymentV1) -> Result<(), HandlerError> {
+            let payment = Payment { id: payment.id, order: payment.order, seq: payment.seq, kind: payment.kind, tags: HashMap::new() };
+            record(ctx, &payment).await
+        }
+
+        #[inbox_handler(key = "id", name = "versioned")]
+        async fn pay_v2(ctx: &mut Context<'_, $db>, payment: PaymentV2) -> Result<(), HandlerError> {
+            let payment = Payment { id: payment.id, order: payment.order, seq: payment.seq, kind: payment.kind, tags: HashMap::new() };
+            record(ctx, &payment).await
+        }
+
+        async fn database(test: &str) -> Option<Pool> {
+            let pool = $connect(test).await?;
+            for ddl in [
+                "CREATE TABLE applied (handler TEXT NOT NULL, id TEXT NOT NULL, seq BIGINT NOT NULL, position BIGINT)",
+                "CREATE TABLE blocked (why TEXT)",
+                "CREATE TABLE once (id TEXT PRIMARY KEY)",
+            ] {
+                sqlx::query(ddl).execute(&pool).await.unwrap();
+            }
+            Some(pool)
+        }
+
+        fn quick(max_attempts: u32) -> RetryPolicy {
+            RetryPolicy::new(max_attempts).backoff(Duration::from_millis(20), Duration::from_millis(50)).jitter(0.0)
+        }
+
+        async fn applied(pool: &Pool, handler: &str) -> Vec<String> {
+            sqlx::query_scalar("SELECT id FROM applied WHERE handler = $1 ORDER BY id")
+                .bind(handler.to_owned())
+                .fetch_all(pool)
+                .await
+                .unwrap()
+        }
+
+        async fn row(pool: &Pool, handler: &str, id: &str) -> Option<(String, i32)> {
+            sqlx::query_as("SELECT status, attempt_count FROM inbox_messages WHERE handler = $1 AND message_id = $2")
+                .bind(handler.to_owned())
+                .bind(id.to_owned())
+                .fetch_optional(pool)
+                .await
+                .unwrap()
+        }
+
+        /// Dispatches `envelope` once its retry is due, as a broker honouring the delay would.
+        async fn dispatch_due(inbox: &Inbox<$db>, envelope: &Envelope) -> Result<Vec<inbox::Handled>, Error> {
+            loop {
+                match inbox.dispatch(envelope).await {
+                    Err(Error::RetryNotDue { retry_after, .. }) => tokio::time::sleep(retry_after).await,
+                    other => return other,
+                }
+            }
+        }
+
+        fn envelope<M: inbox::Message>(id: &str, message: &M) -> Envelope {
+            Envelope::encode(format!("delivery-{id}"), message).unwrap()
+        }
+
+        #[tokio::test]
+        async fn a_redelivery_of_a_map_field_is_the_same_content_and_is_retried() {
+            let Some(pool) = database("map_content").await else { return };
+            let inbox = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay).build().await.unwrap();
+            let mut message = payment("p-1", "o-1", 1, "fail-once");
+            message.tags = (0..32).map(|n| (format!("tag-{n}"), n)).collect();
+            let delivered = envelope("p-1", &message);
+
+            let first = inbox.dispatch(&delivered).await.unwrap_err();
+            assert!(matches!(first, Error::Handler { attempt: 1, .. }), "{first}");
+            let retried = dispatch_due(&inbox, &delivered).await.unwrap();
+
+            assert_eq!(retried[0].outcome, Outcome::Processed, "a redelivery of the same bytes is a retry, never a conflict");
+            assert_eq!(applied(&pool, "payments").await, ["p-1"]);
+            assert_eq!(pay.process(&pool, message.clone()).await.unwrap(), Outcome::Duplicate, "the same value, encoded in another order");
+        }
+
+        #[tokio::test]
+        async fn a_field_added_by_a_deploy_does_not_make_earlier_deliveries_conflict() {
+            let Some(pool) = database("added_field").await else { return };
+            let before = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay_v1).build().await.unwrap();
+            let after = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay_v2).build().await.unwrap();
+            let sent = PaymentV1 { id: "p-1".into(), order: "o-1".into(), seq: 1, kind: "fail-once".into() };
+            let delivered = envelope("p-1", &sent);
+
+            before.dispatch(&delivered).await.unwrap_err();
+            let retried = dispatch_due(&after, &delivered).await.unwrap();
+
+            assert_eq!(retried[0].outcome, Outcome::Processed, "the failed message is retried after the deploy");
+            assert_eq!(after.dispatch(&delivered).await.unwrap()[0].outcome, Outcome::Duplicate);
+        }
+
+        #[tokio::test]
+        async fn a_failure_of_other_content_does_not_overwrite_the_recorded_one() {
+            let Some(pool) = database("failure_content").await else { return };
+            let inbox = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay).build().await.unwrap();
+            let original = envelope("p-1", &payment("p-1", "o-1", 1, "fail"));
+            inbox.dispatch(&original).await.unwrap_err();
+            let other_hash = [7u8; 32];
+            let claim = Claim {
+                consumer: inbox.consumer(),
+                handler: "payments",
+                message_id: "p-1",
+                message_type: "hardening.payment",
+                aggregate: None,
+                sequence: None,
+                payload_hash: &other_hash,
+                now_ms: 0,
+            };
+            let failure = Failure { payload: b"{\"other\": true}", headers: "{}", error: "other content failed" };
+
+            let mut conn = pool.acquire().await.unwrap();
+            let recorded = <$db as Backend>::record_failure(&mut conn, &claim, &failure).await.unwrap();
+
+            assert_eq!(recorded, None, "a failure of other content is not recorded over this one");
+            let kept = inbox.show("payments", "p-1").await.unwrap().unwrap();
+            assert_eq!(kept.payload.as_deref(), Some(original.payload()), "the payload matches the hash kept");
+            assert_eq!(kept.attempt_count, 1);
+        }
+
+        #[tokio::test]
+        async fn a_redelivery_before_the_backoff_runs_nothing_and_counts_no_attempt() {
+            let Some(pool) = database("early_redelivery").await else { return };
+            let policy = RetryPolicy::new(5).backoff(Duration::from_secs(1), Duration::from_secs(8));
+            let inbox = Inbox::builder(pool.clone()).retry(policy).handler(pay).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            // Five copies in flight at once: a broker that redelivers at once, or duplicates.
+            for _ in 0..5 {
+                broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "fail")));
+            }
+
+            let report = inbox.run_until(broker.source(), tokio::time::sleep(Duration::from_millis(400))).await.unwrap();
+
+            assert_eq!(row(&pool, "payments", "p-1").await, Some(("failed".into(), 1)), "one attempt, not five: {report:?}");
+            assert_eq!(report.not_due, 4, "{report:?}");
+        }
+
+        #[tokio::test]
+        async fn a_failure_whose_redelivery_never_comes_is_retried_from_the_store() {
+            let Some(pool) = database("store_retry").await else { return };
+            let inbox = Inbox::builder(pool.clone())
+                .retry(quick(5))
+                .sweep_interval(Duration::from_millis(20))
+                .handler(pay)
+                .build()
+                .await
+                .unwrap();
+            inbox.dispatch(&envelope("p-1", &payment("p-1", "o-1", 1, "fail-once"))).await.unwrap_err();
+            // The broker gave up on it (max deliveries, its own dead-letter queue, an offset moved
+            // past it): nothing will ever be redelivered.
+            let broker = MemoryBroker::new();
+            let done = {
+                let pool = pool.clone();
+                async move {
+                    while applied(&pool, "payments").await.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            };
+
+            let run = tokio::time::timeout(Duration::from_secs(20), inbox.run_until(broker.source(), done));
+            let report = run.await.expect("the store retries the message").unwrap();
+
+            assert_eq!(row(&pool, "payments", "p-1").await, Some(("processed".into(), 1)), "{report:?}");
+            assert_eq!(report.replayed, 1, "{report:?}");
+        }
+
+        #[tokio::test]
+        async fn a_released_message_that_fails_is_recorded_and_dies_visibly() {
+            let Some(pool) = database("failed_release").await else { return };
+            let inbox = Inbox::builder(pool.clone()).retry(quick(3)).handler(pay_strict).build().await.unwrap();
+            for seq in [2, 3] {
+                let parked = inbox.dispatch(&envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "permanent-at-2"))).await.unwrap();
+                assert_eq!(parked[0].outcome, Outcome::Parked);
+            }
+
+            let first = inbox.dispatch(&envelope("p-1", &payment("p-1", "o-1", 1, "permanent-at-2"))).await.unwrap();
+
+            assert_eq!((first[0].outcome, first[0].released), (Outcome::Processed, 0));
+            assert_eq!(row(&pool, "strict", "p-2").await, Some(("dead".into(), 1)), "the release failed like a delivery");
+            let dead = inbox.dead().await.unwrap();
+            assert_eq!(dead.len(), 1);
+            assert_eq!(dead[0].error_text.as_deref(), Some("sequence 2 is refused"));
+            assert_eq!(row(&pool, "strict", "p-3").await.unwrap().0, "parked", "its successor waits behind it");
+        }
+
+        #[tokio::test]
+        async fn a_gap_whose_predecessor_is_retrying_is_not_expired_and_releases_when_it_succeeds() {
+            let Some(pool) = database("retrying_gap").await else { return };
+            sqlx::query("INSERT INTO blocked (why) VALUES ('test')").execute(&pool).await.unwrap();
+            let hour = Duration::from_secs(3600);
+            let inbox = Inbox::builder(pool.clone()).retry(RetryPolicy::new(5).backoff(hour, hour)).handler(pay_strict).build().await.unwrap();
+            let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "crash-at-2"));
+            inbox.dispatch(&delivery(1)).await.unwrap();
+            inbox.dispatch(&delivery(2)).await.unwrap_err();
+            assert_eq!(inbox.dispatch(&delivery(3)).await.unwrap()[0].outcome, Outcome::Parked);
+            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+
+            assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not missing, it waits for its retry");
+
+            sqlx::query("DELETE FROM blocked").execute(&pool).await.unwrap();
+            sqlx::query("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'").execute(&pool).await.unwrap();
+            assert_eq!(inbox.replay_requested().await.unwrap(), 1);
+            assert_eq!(applied(&pool, "strict").await, ["p-1", "p-2", "p-3"], "#3 was released behind #2");
+        }
+
+        #[tokio::test]
+        async fn gaps_are_not_expired_before_the_run_has_consumed_for_the_timeout() {
+            let Some(pool) = database("gap_after_downtime").await else { return };
+            #[inbox_handler(key = "id", sequence = "seq", aggregate = "order", ordering = "strict", gap_timeout = "2s", name = "quick_gap")]
+            async fn quick_gap(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
+                record(ctx, &payment).await
+            }
+            let inbox = Inbox::builder(pool.clone()).sweep_interval(Duration::from_millis(20)).handler(quick_gap).build().await.unwrap();
+            inbox.dispatch(&envelope("p-2", &payment("p-2", "o-1", 2, "ok"))).await.unwrap();
+            // Parked long ago, before the consumer went down.
+            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            let broker = MemoryBroker::new();
+
+            let report = inbox.run_until(broker.source(), tokio::time::sleep(Duration::from_millis(500))).await.unwrap();
+
+            assert_eq!(report.gap_expired, 0, "the missing message may be waiting in the backlog: {report:?}");
+            assert_eq!(row(&pool, "quick_gap", "p-2").await.unwrap().0, "parked");
+        }
+
+        #[tokio::test]
+        async fn sequences_outside_the_valid_range_are_refused_at_the_door() {
+            let Some(pool) = database("sequence_range").await else { return };
+            for seq in [i64::MAX, i64::MIN, -1, inbox::MAX_SEQUENCE + 1] {
+                let error = pay_monotonic.process(&pool, payment("p", "o-1", seq, "ok")).await.unwrap_err();
+                assert!(matches!(error, Error::InvalidIdentity { what: "sequence", .. }), "{seq}: {error}");
+            }
+            assert_eq!(pay_monotonic.process(&pool, payment("p", "o-1", inbox::MAX_SEQUENCE, "ok")).await.unwrap(), Outcome::Processed);
+            let inbox = Inbox::builder(pool.clone()).handler(pay_strict).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            for (n, seq) in [0, i64::MAX].into_iter().enumerate() {
+                broker.publish(envelope(&format!("bad-{n}"), &payment(&format!("bad-{n}"), "o-2", seq, "ok")));
+            }
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!((report.rejected, broker.acked(), broker.redelivered()), (2, 2, 0), "{report:?}");
+            assert_eq!(inbox.rejected().await.unwrap().len(), 2);
+        }
+
+        #[tokio::test]
+        async fn an_unavailable_database_is_retried_with_growing_delays_not_in_a_loop() {
+            let Some(pool) = database("unavailable").await else { return };
+            let inbox = Inbox::builder(pool.clone()).handler(pay).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "ok")));
+            pool.close().await;
+
+            let report = inbox.run_until(broker.source(), tokio::time::sleep(Duration::from_millis(1_000))).await.unwrap();
+
+            assert!(broker.redelivered() <= 5, "handed back {} times in a second", broker.redelivered());
+            assert_eq!(report.acked, 0, "nothing is acknowledged that was not recorded");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn every_handler_of_a_type_is_serialized_by_its_own_aggregate() {
+            let Some(pool) = database("two_aggregates").await else { return };
+            #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+            #[message(name = "hardening.line")]
+            struct Line { id: String, order: String, order_seq: i64, customer: String, customer_seq: i64 }
+            #[inbox_handler(key = "id", sequence = "order_seq", aggregate = "order", name = "by_order")]
+            async fn by_order(ctx: &mut Context<'_, $db>, line: Line) -> Result<(), HandlerError> {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('by_order', $1, $2)").bind(line.id).bind(line.order_seq).execute(&mut **ctx).await?;
+                Ok(())
+            }
+            #[inbox_handler(key = "id", sequence = "customer_seq", aggregate = "customer", name = "by_customer")]
+            async fn by_customer(ctx: &mut Context<'_, $db>, line: Line) -> Result<(), HandlerError> {
+                sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('by_customer', $1, $2)").bind(line.id).bind(line.customer_seq).execute(&mut **ctx).await?;
+                Ok(())
+            }
+            let inbox = Inbox::builder(pool.clone()).workers(4).handler(by_order).handler(by_customer).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            let mut customer_seq = 0;
+            for n in 0..200 {
+                customer_seq += 1;
+                let line = Line { id: format!("l-{n}"), order: format!("o-{n}"), order_seq: 1, customer: "c-1".into(), customer_seq };
+                broker.publish(envelope(&line.id.clone(), &line));
+            }
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!(report.count(Outcome::Stale), 0, "an in-order stream is never stale: {report:?}");
+            assert_eq!(report.count(Outcome::Processed), 400, "{report:?}");
+        }
+    };
+}
+
+mod sqlite {
+    hardening_suite!(sqlx::Sqlite, crate::common::sqlite);
+}
+
+mod postgres {
+    hardening_suite!(sqlx::Postgres, crate::common::postgres);
+
+    /// PostgreSQL aborts a transaction at its first failed statement and turns `COMMIT` into a
+    /// silent rollback: a handler that ignores the error and returns `Ok` has committed nothing.
+    #[tokio::test]
+    async fn a_handler_that_leaves_its_transaction_aborted_has_failed() {
+        let Some(pool) = database("aborted_transaction").await else {
+            return;
+        };
+        #[inbox_handler(key = "id", name = "ignores_errors")]
+        async fn ignores_errors(
+            tx: &mut sqlx::PgConnection,
+            payment: Payment,
+        ) -> Result<(), HandlerError> {
+            let _ = sqlx::query("INSERT INTO once (id) VALUES ('taken')")
+                .execute(&mut *tx)
+                .await;
+            sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('ignores_errors', $1, 1)")
+                .bind(payment.id)
+                .execute(&mut *tx)
+                .await
+                .ok();
+            Ok(())
+        }
+        sqlx::query("INSERT INTO once (id) VALUES ('taken')")
+            .execute(&pool)
+            .await
+            .unwrap();
+
+        let error = ignores_errors
+            .process(&pool, payment("p-1", "o-1", 1, "ok"))
+            .await
+            .unwrap_err();
+
+        assert!(
+            matches!(
+                error,
+                Error::Handler {
+                    attempt: 1,
+                    retry_after: Some(_),
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("savepoint"),
+            "the error says what to do: {error}"
+        );
+        assert_eq!(
+            row(&pool, "ignores_errors", "p-1").await.unwrap().0,
+            "failed",
+            "recorded, to be retried"
+        );
+        assert!(applied(&pool, "ignores_errors").await.is_empty());
+    }
+}
