@@ -93,8 +93,9 @@ pub use inbox_core::{
     DatabaseHandle, DeadLetterFilter, Envelope, Error, ExpiredGap, Handler, HandlerError,
     HandlerStatus, Headers, Identifier, Identity, MAX_ID_LEN, MAX_SEQUENCE, MIGRATIONS_TABLE,
     Message, MessageKey, Ordering, Outcome, PurgeLeader, PurgePreview, PurgeReport,
-    RejectedDelivery, Retention, RetryPolicy, SequenceNumber, Status, Store, StoredMessage, Stream,
-    migrate, open_gap, purge, purge_preview, request_replay, schema, sqlite_options, status,
+    RELEASES_PER_MESSAGE, RejectedDelivery, Retention, RetryPolicy, SequenceNumber, Status, Store,
+    StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema,
+    sqlite_options, status,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;

@@ -355,6 +355,72 @@ macro_rules! hardening_suite {
             assert_eq!(report.acked, 0, "nothing is acknowledged that was not recorded");
         }
 
+        #[tokio::test]
+        async fn a_handler_past_its_attempt_timeout_has_failed_and_lets_go_of_its_locks() {
+            let Some(pool) = database("attempt_timeout").await else { return };
+            #[inbox_handler(key = "id", sequence = "seq", aggregate = "order", name = "hangs")]
+            async fn hangs(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
+                if payment.kind == "hang" {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                record(ctx, &payment).await
+            }
+            let policy = quick(3).attempt_timeout(Duration::from_millis(100));
+            let inbox = Inbox::builder(pool.clone()).retry(policy).handler(hangs).build().await.unwrap();
+
+            let error = inbox.dispatch(&envelope("p-1", &payment("p-1", "o-1", 1, "hang"))).await.unwrap_err();
+
+            assert!(matches!(error, Error::Handler { attempt: 1, retry_after: Some(_), .. }), "{error}");
+            assert!(error.to_string().contains("timed out"), "{error}");
+            let next = inbox.dispatch(&envelope("p-2", &payment("p-2", "o-1", 2, "ok"))).await.unwrap();
+            assert_eq!(next[0].outcome, Outcome::Processed, "the aggregate's lock was let go");
+        }
+
+        #[tokio::test]
+        async fn a_long_release_chain_stops_to_let_the_delivery_settle_and_a_sweep_finishes_it() {
+            let Some(pool) = database("bounded_chain").await else { return };
+            let inbox = Inbox::builder(pool.clone()).handler(pay_strict).build().await.unwrap();
+            let chain = i64::from(inbox::RELEASES_PER_MESSAGE) + 20;
+            for seq in 2..=chain + 1 {
+                let id = format!("p-{seq:04}");
+                inbox.dispatch(&envelope(&id, &payment(&id, "o-1", seq, "ok"))).await.unwrap();
+            }
+
+            let first = inbox.dispatch(&envelope("p-0001", &payment("p-0001", "o-1", 1, "ok"))).await.unwrap();
+
+            assert_eq!(first[0].released, inbox::RELEASES_PER_MESSAGE);
+            assert_eq!(inbox.resume().await.unwrap(), 20, "the sweep releases the rest");
+            assert_eq!(applied(&pool, "strict").await.len() as i64, chain + 1);
+        }
+
+        #[tokio::test]
+        async fn a_source_that_fails_does_not_end_the_run() {
+            let Some(pool) = database("source_errors").await else { return };
+            /// A transport that fails twice, then hands over one delivery from a real broker.
+            struct Flaky {
+                failures: u32,
+                broker: inbox::MemorySource,
+            }
+            impl inbox::Source for Flaky {
+                async fn next(&mut self) -> Result<Option<inbox::Delivery>, inbox::SourceError> {
+                    if self.failures > 0 {
+                        self.failures -= 1;
+                        return Err("connection reset".into());
+                    }
+                    self.broker.next().await
+                }
+            }
+            let inbox = Inbox::builder(pool.clone()).handler(pay).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "ok")));
+            broker.close();
+
+            let report = inbox.run(Flaky { failures: 2, broker: broker.source() }).await.unwrap();
+
+            assert_eq!((report.source_errors, report.acked), (2, 1), "{report:?}");
+            assert_eq!(applied(&pool, "payments").await, ["p-1"]);
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn every_handler_of_a_type_is_serialized_by_its_own_aggregate() {
             let Some(pool) = database("two_aggregates").await else { return };
