@@ -80,6 +80,25 @@ impl Envelope {
         &self.payload
     }
 
+    /// This envelope with only the first `max_bytes` bytes of its payload: what the inbox keeps of
+    /// an oversized delivery it rejects.
+    ///
+    /// ```
+    /// # use inbox_core::Envelope;
+    /// let big = Envelope::new("blob", "d-1", vec![b'x'; 10]).with_header("trace", "t");
+    /// let kept = big.truncated(4);
+    /// assert_eq!((kept.payload().len(), kept.headers().len()), (4, 1));
+    /// ```
+    pub fn truncated(&self, max_bytes: usize) -> Envelope {
+        Envelope {
+            message_type: self.message_type.clone(),
+            id: self.id.clone(),
+            payload: self.payload[..self.payload.len().min(max_bytes)].to_vec(),
+            headers: self.headers.clone(),
+            produced_at: self.produced_at,
+        }
+    }
+
     /// The transport headers.
     pub fn headers(&self) -> &BTreeMap<String, String> {
         &self.headers

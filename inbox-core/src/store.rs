@@ -187,6 +187,13 @@ pub trait Store: sqlx::Database {
         consumer: &str,
     ) -> impl Future<Output = Result<Vec<RejectedDelivery>, sqlx::Error>> + Send;
 
+    /// Rejected delivery `id` of `consumer`, if no operator has resolved it.
+    fn rejected_one(
+        pool: &Pool<Self>,
+        consumer: &str,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<RejectedDelivery>, sqlx::Error>> + Send;
+
     /// Records that an operator replayed or discarded a rejected delivery. Returns `false` if it
     /// does not exist or was resolved already.
     fn resolve_rejected(
@@ -272,6 +279,9 @@ pub trait Store: sqlx::Database {
 const REJECTED: &str = "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
     WHERE consumer = $1 AND resolution IS NULL ORDER BY id";
 
+const REJECTED_ONE: &str = "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+    WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
+
 const RESOLVE_REJECTED: &str = "UPDATE inbox_rejected \
     SET resolution = $3, resolved_by = $4, resolved_reason = $5, resolved_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND id = $2 AND resolution IS NULL";
@@ -309,6 +319,10 @@ macro_rules! sql_store {
         impl Store for $db {
             async fn rejected(pool: &Pool<Self>, consumer: &str) -> Result<Vec<RejectedDelivery>, sqlx::Error> {
                 sqlx::query_as(REJECTED).bind(consumer).fetch_all(pool).await
+            }
+
+            async fn rejected_one(pool: &Pool<Self>, consumer: &str, id: i64) -> Result<Option<RejectedDelivery>, sqlx::Error> {
+                sqlx::query_as(REJECTED_ONE).bind(consumer).bind(id).fetch_optional(pool).await
             }
 
             async fn resolve_rejected(

@@ -301,10 +301,9 @@ impl<DB: Backend> Inbox<DB> {
         by: &str,
         reason: &str,
     ) -> Result<Vec<Handled>, Error> {
-        let rejected = self.rejected().await?;
-        let delivery = rejected
-            .iter()
-            .find(|rejected| rejected.id == id)
+        let shared = &self.shared;
+        let delivery = DB::rejected_one(&shared.pool, &shared.consumer, id)
+            .await?
             .ok_or(Error::UnknownRejected(id))?;
         let envelope = delivery.envelope().map_err(|e| Error::Decode {
             message_type: delivery.message_type.clone(),

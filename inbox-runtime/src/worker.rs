@@ -304,7 +304,8 @@ async fn reject<DB: Backend>(
     }
 }
 
-/// Keeps a delivery as rejected with the reason (or counts an unknown type that is acknowledged).
+/// Keeps a delivery as rejected with the reason, an oversized one cut to the size limit (or counts
+/// an unknown type that is acknowledged).
 async fn keep_rejected<DB: Backend>(
     shared: &Shared<DB>,
     envelope: &Envelope,
@@ -324,7 +325,13 @@ async fn keep_rejected<DB: Backend>(
             .increment(1);
         return Ok(());
     }
-    store_rejected(shared, envelope, &error.to_string(), report).await
+    match error {
+        Error::PayloadTooLarge { limit, .. } => {
+            let reason = format!("{error} (its first {limit} bytes are kept)");
+            store_rejected(shared, &envelope.truncated(*limit), &reason, report).await
+        }
+        _ => store_rejected(shared, envelope, &error.to_string(), report).await,
+    }
 }
 
 /// Keeps a delivery as rejected, with its bytes and `reason`.
