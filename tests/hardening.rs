@@ -294,6 +294,11 @@ macro_rules! hardening_suite {
             sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
 
             assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not missing, it waits for its retry");
+            let stream = inbox::Stream { consumer: inbox.consumer(), handler: "strict", aggregate: "o-1" };
+            let mut tx = pool.begin().await.unwrap();
+            let buried = <$db as Backend>::bury_gap(&mut tx, &stream, 1).await.unwrap();
+            assert_eq!(buried, None, "checked again under the stream lock");
+            tx.rollback().await.unwrap();
 
             sqlx::query("DELETE FROM blocked").execute(&pool).await.unwrap();
             sqlx::query("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'").execute(&pool).await.unwrap();
