@@ -61,6 +61,9 @@ macro_rules! hardening_suite {
             match payment.kind.as_str() {
                 "fail" => return Err(HandlerError::msg("never works")),
                 "fail-once" if ctx.attempt() == 1 => return Err(HandlerError::msg("first attempt fails")),
+                "impostor-at-2" if payment.seq == 2 => {
+                    return Err(HandlerError::permanent(HandlerError::msg("gap timeout at sequence 2")));
+                }
                 "permanent-at-2" if payment.seq == 2 => {
                     return Err(HandlerError::permanent(HandlerError::msg("sequence 2 is refused")))
                 }
@@ -279,6 +282,22 @@ macro_rules! hardening_suite {
             assert_eq!(dead.len(), 1);
             assert_eq!(dead[0].error_text.as_deref(), Some("sequence 2 is refused"));
             assert_eq!(row(&pool, "strict", "p-3").await.unwrap().0, "parked", "its successor waits behind it");
+        }
+
+        #[tokio::test]
+        async fn skipping_a_gap_revives_only_what_a_gap_timeout_buried() {
+            let Some(pool) = database("gap_reason").await else { return };
+            let inbox = Inbox::builder(pool.clone()).handler(pay_strict).build().await.unwrap();
+            let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "impostor-at-2"));
+            inbox.dispatch(&delivery(1)).await.unwrap();
+            inbox.dispatch(&delivery(2)).await.unwrap_err();
+            assert_eq!(inbox.dispatch(&delivery(4)).await.unwrap()[0].outcome, Outcome::Parked);
+
+            inbox.skip_gap("strict", "o-1").await.unwrap();
+
+            let dead = inbox.show("strict", "p-2").await.unwrap().unwrap();
+            assert_eq!((dead.status.as_str(), dead.dead_reason.as_deref()), ("dead", Some("gave_up")), "an error's text is not a reason");
+            assert_eq!(applied(&pool, "strict").await, ["p-1", "p-4"]);
         }
 
         #[tokio::test]

@@ -102,6 +102,29 @@ pub struct Seen {
     pub retry_at_ms: Option<i64>,
 }
 
+/// Why a message is dead, kept in its own column (`dead_reason`) so that code acts on it rather
+/// than on the error's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadReason {
+    /// Its strict ordering gap never filled; skipping the gap brings it back.
+    GapTimeout,
+    /// Its attempts ran out, or its error was permanent.
+    GaveUp,
+    /// Its stored payload no longer decodes.
+    Undecodable,
+}
+
+impl DeadReason {
+    /// The value stored in the column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::GapTimeout => "gap_timeout",
+            DeadReason::GaveUp => "gave_up",
+            DeadReason::Undecodable => "undecodable",
+        }
+    }
+}
+
 /// A failed attempt, as recorded.
 #[derive(Debug, Clone, Copy)]
 pub struct Failure<'a> {
@@ -202,7 +225,8 @@ pub trait Backend: Store {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Marks a `failed` (or `parked`) message dead, keeping its payload for an operator; `reason`, if
-    /// given, replaces its last error.
+    /// given, replaces its last error and says it is [`DeadReason::Undecodable`], else it
+    /// [`DeadReason::GaveUp`].
     fn bury(
         conn: &mut Self::Connection,
         key: &MessageKey<'_>,
@@ -369,7 +393,7 @@ const SETTLE: &str = "UPDATE inbox_messages \
     SET status = $4, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3";
 
-const BURY: &str = "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($4, error_text) \
+const BURY: &str = "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($4, error_text), dead_reason = $5 \
     WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status IN ('failed', 'parked')";
 
 const PARK: &str = "UPDATE inbox_messages \
@@ -402,9 +426,9 @@ const RELEASABLE: &str = "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
     WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
     AND m.sequence_number <= s.last_sequence + 1";
 
-const REVIVE_GAP_DEAD: &str = "UPDATE inbox_messages SET status = 'parked', error_text = NULL \
+const REVIVE_GAP_DEAD: &str = "UPDATE inbox_messages SET status = 'parked', error_text = NULL, dead_reason = NULL \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'dead' \
-    AND error_text LIKE 'gap timeout at sequence %'";
+    AND dead_reason = 'gap_timeout'";
 
 /// Whether the missing sequence `$4` of a strict stream is there, failed and waiting for its retry.
 const RETRYING_SEQUENCE: &str = "SELECT COUNT(*) FROM inbox_messages \
@@ -413,7 +437,7 @@ const RETRYING_SEQUENCE: &str = "SELECT COUNT(*) FROM inbox_messages \
 const PARKED_RANGE: &str = "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
 
-const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text = $4 \
+const BURY_PARKED: &str = "UPDATE inbox_messages SET status = 'dead', error_text = $4, dead_reason = 'gap_timeout' \
     WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'";
 
 const STORED: &str = "SELECT status, payload, headers FROM inbox_messages \
@@ -571,6 +595,10 @@ macro_rules! sql_backend {
                     .bind(key.handler)
                     .bind(key.message_id)
                     .bind(reason.map(storable_text))
+                    .bind(match reason {
+                        Some(_) => DeadReason::Undecodable,
+                        None => DeadReason::GaveUp,
+                    }.as_str())
                     .execute(&mut *conn)
                     .await?;
                 Ok(())

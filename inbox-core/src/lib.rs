@@ -19,8 +19,8 @@ mod store;
 mod text;
 
 pub use backend::{
-    Backend, Claim, Claimed, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage, Resolution,
-    Seen, StoredPayload, Stream, sqlite_options,
+    Backend, Claim, Claimed, DeadReason, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage,
+    Resolution, Seen, StoredPayload, Stream, sqlite_options,
 };
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;

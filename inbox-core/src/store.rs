@@ -111,6 +111,9 @@ pub struct StoredMessage {
     pub resolved_by: Option<String>,
     /// Why.
     pub resolved_reason: Option<String>,
+    /// Why it is dead, if it is: `gap_timeout`, `gave_up` or `undecodable` (see
+    /// [`crate::DeadReason`]).
+    pub dead_reason: Option<String>,
     /// When it was first received, in UTC (`YYYY-MM-DD HH:MM:SS`).
     pub received_at: String,
     /// When its last attempt failed, in UTC (`YYYY-MM-DD HH:MM:SS`), if one did.
@@ -296,7 +299,7 @@ macro_rules! stored_message {
         concat!(
             "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, \
              first_error, error_text, attempt_count, payload, resolution, resolved_by, \
-             resolved_reason, ",
+             resolved_reason, dead_reason, ",
             $times,
             " FROM inbox_messages "
         )

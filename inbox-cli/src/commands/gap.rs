@@ -1,6 +1,6 @@
 //! `inbox gap skip`: skip a strict-ordering gap whose predecessor is known to be lost.
 
-use inbox_core::{Backend, DeadLetterFilter, StoredMessage, Stream};
+use inbox_core::{Backend, DeadLetterFilter, DeadReason, StoredMessage, Stream};
 use sqlx::Pool;
 
 use crate::cli::{GapArgs, GapCommand};
@@ -49,10 +49,7 @@ async fn ensure_waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Re
     let dead = DB::dead_letters(pool, stream.consumer, &filter).await?;
     let behind_gap = |message: &StoredMessage| {
         message.aggregate_id.as_deref() == Some(stream.aggregate)
-            && message
-                .error_text
-                .as_deref()
-                .is_some_and(|error| error.starts_with("gap timeout at sequence"))
+            && message.dead_reason.as_deref() == Some(DeadReason::GapTimeout.as_str())
     };
     if dead.iter().any(behind_gap) {
         return Ok(());
