@@ -311,6 +311,15 @@ macro_rules! failures_suite {
             assert_eq!(count(all()).await, 2);
             assert_eq!(count(all().handler("jobs")).await, 2);
             assert_eq!(count(all().handler("other")).await, 0);
+            assert_eq!(count(all().limit(1)).await, 1, "one page");
+            assert_eq!(count(all().limit(1).offset(1)).await, 1, "the next page");
+            assert_eq!(count(all().offset(2)).await, 0, "past the last page");
+            let pages = [all().limit(1), all().limit(1).offset(1)];
+            let mut paged = Vec::new();
+            for page in pages {
+                paged.extend(inbox.dead_letters(&page).await.unwrap().into_iter().map(|m| m.message_id));
+            }
+            assert_eq!(paged, ["p-1", "p-2"], "pages follow the listing's order");
             assert_eq!(count(all().message_type("test.job")).await, 2);
             assert_eq!(count(all().message_type("test.other")).await, 0);
             assert_eq!(count(all().failed_within(Duration::from_secs(3600))).await, 2);

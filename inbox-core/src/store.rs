@@ -28,6 +28,8 @@ pub struct DeadLetterFilter {
     handler: Option<String>,
     message_type: Option<String>,
     failed_within: Option<Duration>,
+    limit: Option<i64>,
+    offset: i64,
 }
 
 impl DeadLetterFilter {
@@ -47,6 +49,26 @@ impl DeadLetterFilter {
     /// whose gap timed out: they never failed).
     pub fn failed_within(mut self, age: Duration) -> Self {
         self.failed_within = Some(age);
+        self
+    }
+
+    /// At most `count` messages: one page of the listing, which is in a stable order (handler,
+    /// aggregate, sequence, id), so that pages do not load every dead letter with its payload.
+    ///
+    /// ```
+    /// use inbox_core::DeadLetterFilter;
+    ///
+    /// let second_page = DeadLetterFilter::default().limit(100).offset(100);
+    /// # let _ = second_page;
+    /// ```
+    pub fn limit(mut self, count: u32) -> Self {
+        self.limit = Some(i64::from(count));
+        self
+    }
+
+    /// Skips the first `count` messages of the listing (the pages before this one).
+    pub fn offset(mut self, count: u32) -> Self {
+        self.offset = i64::from(count);
         self
     }
 }
@@ -358,13 +380,15 @@ macro_rules! sql_store {
                      AND ($2 IS NULL OR handler = $2) AND ($3 IS NULL OR message_type = $3) \
                      AND ($4 IS NULL OR failed_at ",
                     $since,
-                    ") ORDER BY handler, aggregate_id, sequence_number, message_id"
+                    ") ORDER BY handler, aggregate_id, sequence_number, message_id LIMIT $5 OFFSET $6"
                 );
                 sqlx::query_as(DEAD_LETTERS)
                     .bind(consumer)
                     .bind(filter.handler.as_deref())
                     .bind(filter.message_type.as_deref())
                     .bind(filter.failed_within.map(|age| age.as_secs_f64()))
+                    .bind(filter.limit.unwrap_or(i64::MAX))
+                    .bind(filter.offset)
                     .fetch_all(pool)
                     .await
             }
