@@ -308,7 +308,7 @@ async fn record_failure<DB: Backend>(
         let Some(failed) = DB::record_failure(&mut tx, claim, failure).await? else {
             let seen = DB::seen(&mut tx, &key).await?;
             tx.rollback().await?;
-            return Ok(Err(seen));
+            return Ok(Recorded::Superseded(seen));
         };
         let retry_after = match error.is_permanent() {
             true => None,
@@ -323,10 +323,10 @@ async fn record_failure<DB: Backend>(
             }
         }
         tx.commit().await?;
-        Ok::<_, sqlx::Error>(Ok((failed, retry_after)))
+        Ok::<_, sqlx::Error>(Recorded::Attempt(failed, retry_after))
     };
     match recorded.await {
-        Ok(Ok((attempt, retry_after))) => {
+        Ok(Recorded::Attempt(attempt, retry_after)) => {
             if retry_after.is_none() {
                 tracing::warn!(handler = claim.handler, message_id = claim.message_id, attempt, %error, "message is dead");
             }
@@ -337,13 +337,21 @@ async fn record_failure<DB: Backend>(
                 retry_after,
             })
         }
-        Ok(Err(Some(seen))) => seen_outcome(claim, &seen),
-        Ok(Err(None)) => Err(Error::Database(sqlx::Error::RowNotFound)),
+        Ok(Recorded::Superseded(Some(seen))) => seen_outcome(claim, &seen),
+        Ok(Recorded::Superseded(None)) => Err(Error::Database(sqlx::Error::RowNotFound)),
         Err(database) => {
             tracing::error!(handler = claim.handler, message_id = claim.message_id, %error, %database, "could not record a failure; the delivery stays unacknowledged");
             Err(Error::Database(database))
         }
     }
+}
+
+/// What recording a failure found.
+enum Recorded {
+    /// The failed attempt `n` is recorded, due again after the delay (`None`: dead).
+    Attempt(u32, Option<Duration>),
+    /// The row holds another state or another content (as seen), so nothing was recorded.
+    Superseded(Option<Seen>),
 }
 
 /// Where a claimed message stands in its aggregate's stream.

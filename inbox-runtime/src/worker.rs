@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
 use crate::route::{Handled, Job};
-use crate::source::{Acknowledge, Delivery, Source};
+use crate::source::{Acknowledge, Delivery, Source, SourceError};
 
 /// Jobs queued per worker before the router waits: bounds the work pulled but not done.
 const QUEUE_PER_WORKER: usize = 16;
@@ -54,9 +53,14 @@ struct Work<DB: Backend> {
 struct Pending {
     envelope: Envelope,
     attempt: u32,
-    acker: Mutex<Option<Box<dyn Acknowledge>>>,
-    results: Mutex<Vec<Result<Handled, Error>>>,
-    remaining: AtomicUsize,
+    settling: Mutex<Settling>,
+}
+
+/// What the jobs of a pending delivery have gathered so far.
+struct Settling {
+    results: Vec<Result<Handled, Error>>,
+    acker: Option<Box<dyn Acknowledge>>,
+    remaining: usize,
 }
 
 pub(crate) async fn run<DB: Backend, S: Source>(
@@ -292,15 +296,25 @@ async fn reject<DB: Backend>(
     report: &mut RunReport,
 ) {
     let (envelope, attempt, acker) = delivery.into_parts();
-    let settled = match keep_rejected(shared, &envelope, &error, report).await {
+    let kept = keep_rejected(shared, &envelope, &error, report).await;
+    if let Err(error) = ack_if_kept(kept, acker, attempt).await {
+        tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
+    }
+}
+
+/// Acknowledges a delivery once it is kept as rejected; one that could not be kept is handed back
+/// after a delay that grows with its `attempt`.
+async fn ack_if_kept(
+    kept: Result<(), sqlx::Error>,
+    acker: Box<dyn Acknowledge>,
+    attempt: u32,
+) -> Result<(), SourceError> {
+    match kept {
         Ok(()) => acker.ack().await,
         Err(database) => {
             tracing::error!(%database, "could not keep a rejected delivery; handing it back");
             acker.nack(growing_delay(attempt)).await
         }
-    };
-    if let Err(error) = settled {
-        tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
     }
 }
 
@@ -379,32 +393,28 @@ async fn handle_all<DB: Backend>(
 impl Pending {
     fn new(delivery: Delivery, jobs: usize) -> Self {
         let (envelope, attempt, acker) = delivery.into_parts();
+        let settling = Settling {
+            results: Vec::new(),
+            acker: Some(acker),
+            remaining: jobs,
+        };
         Self {
             envelope,
             attempt,
-            acker: Mutex::new(Some(acker)),
-            results: Mutex::new(Vec::new()),
-            remaining: AtomicUsize::new(jobs),
+            settling: Mutex::new(settling),
         }
     }
 
     /// Adds one worker's results; for the last one, returns them all and the means to settle.
     fn finish(&self, results: Vec<Result<Handled, Error>>) -> Option<Finished> {
-        let mut all = self.results.lock().unwrap_or_else(|e| e.into_inner());
-        all.extend(results);
-        let last = self
-            .remaining
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
-            == 1;
-        if !last {
+        let mut settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
+        settling.results.extend(results);
+        settling.remaining -= 1;
+        if settling.remaining > 0 {
             return None;
         }
-        let acker = self
-            .acker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()?;
-        Some((std::mem::take(&mut *all), acker))
+        let acker = settling.acker.take()?;
+        Some((std::mem::take(&mut settling.results), acker))
     }
 }
 
@@ -432,14 +442,9 @@ async fn settle_delivery<DB: Backend>(
             acker.nack(delay).await
         }
         Settlement::Reject(reason) => {
-            match store_rejected(shared, &pending.envelope, &reason, report).await {
-                Ok(()) => acker.ack().await,
-                Err(database) => {
-                    tracing::error!(%database, "could not keep a rejected delivery; handing it back");
-                    report.failed += 1;
-                    acker.nack(growing_delay(pending.attempt)).await
-                }
-            }
+            let kept = store_rejected(shared, &pending.envelope, &reason, report).await;
+            report.failed += u64::from(kept.is_err());
+            ack_if_kept(kept, acker, pending.attempt).await
         }
     };
     in_flight(&shared.consumer).decrement(1.0);
