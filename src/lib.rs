@@ -88,14 +88,15 @@
 //! [`Handler::process`] and [`Inbox::builder`].
 #![warn(missing_docs)]
 
+pub use inbox_core::storage;
 pub use inbox_core::{
     Backend, Context, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT,
-    DatabaseHandle, DeadLetterFilter, Envelope, Error, ExpiredGap, Handler, HandlerError,
-    HandlerStatus, Headers, Identifier, Identity, MAX_ID_LEN, MAX_SEQUENCE, MIGRATIONS_TABLE,
-    Message, MessageKey, Ordering, Outcome, PurgeLeader, PurgePreview, PurgeReport,
-    RELEASES_PER_MESSAGE, RejectedDelivery, Retention, RetryPolicy, SequenceNumber, Status, Store,
-    StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema,
-    sqlite_options, status,
+    DatabaseHandle, DeadLetterFilter, DeadReason, Envelope, Error, ExpiredGap, Handler,
+    HandlerError, HandlerStatus, Headers, Identifier, Identity, MAX_ID_LEN, MAX_SEQUENCE,
+    MIGRATIONS_TABLE, Message, MessageKey, MessageStatus, Ordering, Outcome, PurgeLeader,
+    PurgePreview, PurgeReport, RELEASES_PER_MESSAGE, RejectedDelivery, Retention, RetryPolicy,
+    SequenceNumber, Status, StoredMessage, Stream, migrate, open_gap, purge, purge_preview,
+    request_replay, schema, sqlite_options, status,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;
@@ -118,5 +119,7 @@ pub mod __private {
         Backend, Context, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Error, Handler, HandlerError,
         HandlerResult, Identifier, Identity, Message, Ordering, SequenceNumber,
     };
+    #[cfg(feature = "mysql")]
+    pub use sqlx::MySql;
     pub use sqlx::{Postgres, Sqlite};
 }

@@ -12,7 +12,7 @@ macro_rules! guard_suite {
 
         use $crate::common::ledger::Credited;
 
-        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
 
         /// Guards one `Credited` event through `credit`.
@@ -335,6 +335,11 @@ mod sqlite {
 
 mod postgres {
     guard_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    guard_suite!(sqlx::MySql, sqlx::MySqlConnection, crate::common::mysql);
 }
 
 /// SQLite specifics: durability settings, and a guarded transaction that holds the write lock from

@@ -165,7 +165,7 @@ macro_rules! hostile_suite {
 
         async fn assert_status(inbox: &Inbox<$db>, handler: &str, message_id: &str, status: &str) {
             let shown = inbox.show(handler, message_id).await.unwrap();
-            assert_eq!(shown.map(|m| m.status).as_deref(), Some(status), "{handler} {message_id}");
+            assert_eq!(shown.map(|m| m.status.as_str()), Some(status), "{handler} {message_id}");
         }
 
         #[tokio::test]

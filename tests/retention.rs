@@ -27,7 +27,7 @@ macro_rules! retention_suite {
         use super::{ANCIENT, INSIDE, window_to_2010};
         use crate::common::ledger::Credited;
 
-        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
 
         /// Inserts `rows` dedup rows of handler `credit` with ids `{prefix}-n`, in `status`, all
@@ -184,7 +184,7 @@ mod postgres {
         seed(&pool, "old", 100, "processed", ANCIENT).await;
         let retention = Retention::new(window_to_2010());
         let elsewhere = second_pool(&pool).await;
-        let leader = <sqlx::Postgres as inbox::Store>::lead_purge(&elsewhere)
+        let leader = inbox::storage::purge::lead_purge(&elsewhere)
             .await
             .unwrap()
             .expect("nobody else is purging");

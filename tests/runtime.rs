@@ -12,7 +12,7 @@ macro_rules! runtime_suite {
 
         use $crate::common::ledger::Credited;
 
-        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
 
         /// Panics on a negative amount, after writing: the panic must roll the write back.

@@ -14,7 +14,7 @@ macro_rules! strict_suite {
 
         use $crate::common::ledger::Credited;
 
-        $crate::common::ledger::ledger_handlers!($conn);
+        $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
 
         fn event(account: &str, sequence: i64) -> Credited {

@@ -105,7 +105,7 @@ async fn open<DB: sqlx::Database>(
 /// Fails with [`CliError::SchemaMissing`] (exit 3) if the inbox tables are missing or older
 /// than this command, and with a plain database error if the database could not answer.
 pub async fn check_schema<DB: Backend>(pool: &Pool<DB>) -> Result<(), CliError> {
-    match DB::check_schema(pool).await {
+    match inbox_core::storage::schema::check(pool).await {
         Err(sqlx::Error::Database(error)) if is_missing_schema(&*error) => {
             Err(CliError::SchemaMissing(sqlx::Error::Database(error)))
         }

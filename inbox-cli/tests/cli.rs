@@ -405,9 +405,7 @@ mod postgres {
             return;
         };
         insert(&pool, "old", 10, "processed", true).await;
-        let other = <sqlx::Postgres as inbox::Store>::lead_purge(&pool)
-            .await
-            .unwrap();
+        let other = inbox::storage::purge::lead_purge(&pool).await.unwrap();
         let other = other.expect("nobody else purges this schema");
 
         let busy = cli(&url, &["purge", "--older-than", "7d", "--yes", "--json"])

@@ -106,7 +106,7 @@ impl<DB: Database> DerefMut for Context<'_, DB> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a handle on a `{DB}` database that an inbox handler can take",
     label = "the first parameter must be a database handle",
-    note = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message"
+    note = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::MySqlConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message"
 )]
 pub trait DatabaseHandle<'t, DB: crate::Backend> {
     /// Borrows this handle out of the guarded context.
@@ -121,6 +121,13 @@ impl<'t> DatabaseHandle<'t, sqlx::Postgres> for sqlx::PgConnection {
 
 impl<'t> DatabaseHandle<'t, sqlx::Sqlite> for sqlx::SqliteConnection {
     fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Sqlite>) -> &'c mut Self {
+        &mut ctx.tx
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl<'t> DatabaseHandle<'t, sqlx::MySql> for sqlx::MySqlConnection {
+    fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::MySql>) -> &'c mut Self {
         &mut ctx.tx
     }
 }

@@ -12,14 +12,16 @@ use tracing::{Instrument, Span};
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
-use crate::backend::{Backend, Claim, Claimed, Failure, MessageKey, Resolution, Seen, Stream};
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
 use crate::handler::{Handler, Headers, Ordering};
 use crate::identity::Identity;
+use crate::keys::{Claim, Failure, MessageKey, MessageStatus, Resolution, Stream};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
+use crate::storage::messages::{self, Claimed, Seen};
+use crate::storage::{Backend, operators, streams};
 
 /// What guarding one message did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +141,7 @@ async fn guard<DB: Backend, H: Handler<DB>>(
         now_ms: now_ms(),
     };
     let mut tx = DB::begin(pool).await?;
-    let attempt = match DB::claim(&mut tx, &claim).await? {
+    let attempt = match messages::claim(&mut tx, &claim).await? {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
         Claimed::Seen(seen) => {
@@ -150,12 +152,12 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     tracing::Span::current().record("inbox.attempt", attempt);
     let outcome = match position(&mut tx, &claim, handler.ordering()).await? {
         Position::Stale => {
-            DB::settle(&mut tx, &claim.key(), "stale").await?;
+            messages::settle(&mut tx, &claim.key(), MessageStatus::Stale).await?;
             Outcome::Stale
         }
         Position::Ahead => {
             let headers = headers_json(delivery.headers);
-            DB::park(&mut tx, &claim.key(), delivery.payload, &headers).await?;
+            streams::park(&mut tx, &claim.key(), delivery.payload, &headers).await?;
             Outcome::Parked
         }
         Position::Next => {
@@ -305,8 +307,8 @@ async fn record_failure<DB: Backend>(
     let key = claim.key();
     let recorded = async {
         let mut tx = DB::begin(pool).await?;
-        let Some(failed) = DB::record_failure(&mut tx, claim, failure).await? else {
-            let seen = DB::seen(&mut tx, &key).await?;
+        let Some(failed) = messages::record_failure(&mut tx, claim, failure).await? else {
+            let seen = messages::seen(&mut tx, &key).await?;
             tx.rollback().await?;
             return Ok(Recorded::Superseded(seen));
         };
@@ -315,11 +317,11 @@ async fn record_failure<DB: Backend>(
             false => retry.delay_after(failed),
         };
         match retry_after {
-            None => DB::bury(&mut tx, &key, None).await?,
+            None => messages::bury(&mut tx, &key, None).await?,
             Some(delay) => {
                 let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
                 let due = now_ms().saturating_add(delay_ms);
-                DB::schedule_retry(&mut tx, &key, due).await?
+                messages::schedule_retry(&mut tx, &key, due).await?
             }
         }
         tx.commit().await?;
@@ -374,22 +376,22 @@ async fn position<DB: Backend>(
         return Ok(Position::Next);
     };
     let Some(sequence) = claim.sequence else {
-        DB::lock_stream(tx, &stream).await?;
+        streams::lock(tx, &stream).await?;
         return Ok(Position::Next);
     };
     if let Ordering::Monotonic = ordering {
-        let advanced = DB::advance_stream(tx, &stream, sequence).await?;
+        let advanced = streams::advance(tx, &stream, sequence).await?;
         return Ok(if advanced {
             Position::Next
         } else {
             Position::Stale
         });
     }
-    let last = DB::lock_stream(tx, &stream).await?;
+    let last = streams::lock(tx, &stream).await?;
     Ok(match sequence.saturating_sub(last) {
         ..=0 => Position::Stale,
         1 => {
-            DB::set_stream(tx, &stream, sequence).await?;
+            streams::set(tx, &stream, sequence).await?;
             Position::Next
         }
         _ => Position::Ahead,
@@ -438,7 +440,7 @@ async fn run_handler<DB: Backend, H: Handler<DB>>(
         .record(started.elapsed().as_secs_f64());
     let mut tx = ctx.into_transaction();
     let handled = match handled {
-        Ok(()) => DB::check_open(&mut tx).await.map_err(aborted),
+        Ok(()) => messages::check_open(&mut tx).await.map_err(aborted),
         Err(error) => Err(error),
     };
     match handled {
@@ -483,9 +485,9 @@ fn seen_outcome(claim: &Claim<'_>, seen: &Seen) -> Result<Outcome, Error> {
         );
         return Ok(Outcome::Conflict);
     }
-    match seen.status.as_str() {
-        "dead" => Ok(Outcome::Dead),
-        "failed" => {
+    match seen.status {
+        MessageStatus::Dead => Ok(Outcome::Dead),
+        MessageStatus::Failed => {
             let wait_ms = seen.retry_at_ms.unwrap_or(0).saturating_sub(claim.now_ms);
             Err(Error::RetryNotDue {
                 handler: claim.handler.to_owned(),
@@ -542,7 +544,7 @@ async fn release_logged<DB: Backend, H: Handler<DB>>(
         handler: handler.name(),
         aggregate,
     };
-    match DB::has_parked(pool, &stream).await {
+    match streams::has_parked(pool, &stream).await {
         Ok(false) => return 0,
         Ok(true) => {}
         Err(error) => {
@@ -579,8 +581,8 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
         aggregate,
     };
     let mut tx = DB::begin(pool).await?;
-    let last = DB::lock_stream(&mut tx, &stream).await?;
-    let Some(parked) = DB::next_parked(&mut tx, &stream, last.saturating_add(1)).await? else {
+    let last = streams::lock(&mut tx, &stream).await?;
+    let Some(parked) = streams::next_parked(&mut tx, &stream, last.saturating_add(1)).await? else {
         tx.rollback().await?;
         return Ok(None);
     };
@@ -590,7 +592,7 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
         message_id: &parked.message_id,
     };
     if parked.sequence_number <= last {
-        DB::settle(&mut tx, &key, "stale").await?;
+        messages::settle(&mut tx, &key, MessageStatus::Stale).await?;
         tx.commit().await?;
         return Ok(Some(Outcome::Stale));
     }
@@ -603,7 +605,7 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
                 return Ok(Some(Outcome::Dead));
             }
         };
-    DB::set_stream(&mut tx, &stream, parked.sequence_number).await?;
+    streams::set(&mut tx, &stream, parked.sequence_number).await?;
     let attempt = Attempt {
         consumer,
         identity: &identity,
@@ -613,7 +615,7 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
     };
     match run_handler(tx, handler, &attempt, message).await {
         Ok(mut tx) => {
-            DB::settle(&mut tx, &key, "processed").await?;
+            messages::settle(&mut tx, &key, MessageStatus::Processed).await?;
             tx.commit().await?;
             Ok(Some(Outcome::Released))
         }
@@ -651,7 +653,7 @@ pub async fn resume<DB: Backend, H: Handler<DB>>(
     retry: &RetryPolicy,
 ) -> Result<u32, Error> {
     let mut released = 0;
-    for aggregate in DB::releasable(pool, consumer, handler.name()).await? {
+    for aggregate in streams::releasable(pool, consumer, handler.name()).await? {
         match release(pool, consumer, handler, &aggregate, retry, u32::MAX).await {
             Ok(count) => released += count,
             Err(error) => {
@@ -687,8 +689,8 @@ pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
 /// this is how an operator skips a gap from outside the consumer's process.
 pub async fn open_gap<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<(), Error> {
     let mut tx = DB::begin(pool).await?;
-    let last = DB::lock_stream(&mut tx, stream).await?;
-    DB::skip_gap(&mut tx, stream, last).await?;
+    let last = streams::lock(&mut tx, stream).await?;
+    streams::skip_gap(&mut tx, stream, last).await?;
     tx.commit().await?;
     tracing::warn!(
         handler = stream.handler,
@@ -720,15 +722,15 @@ pub async fn expire_gaps<DB: Backend>(
     timeout: Duration,
 ) -> Result<Vec<ExpiredGap>, Error> {
     let mut expired = Vec::new();
-    for aggregate in DB::overdue_gaps(pool, consumer, handler, timeout.as_secs_f64()).await? {
+    for aggregate in streams::overdue_gaps(pool, consumer, handler, timeout.as_secs_f64()).await? {
         let stream = Stream {
             consumer,
             handler,
             aggregate: &aggregate,
         };
         let mut tx = DB::begin(pool).await?;
-        let last = DB::lock_stream(&mut tx, &stream).await?;
-        let buried = DB::bury_gap(&mut tx, &stream, last).await?;
+        let last = streams::lock(&mut tx, &stream).await?;
+        let buried = streams::bury_gap(&mut tx, &stream, last).await?;
         tx.commit().await?;
         if let Some((missing_sequence, messages)) = buried {
             tracing::warn!(
@@ -767,7 +769,7 @@ pub async fn replay<DB: Backend, H: Handler<DB>>(
     };
     match request_replay(pool, &key, by_reason).await {
         Ok(()) => rerun(pool, consumer, handler, message_id, retry).await,
-        Err(Error::NotDead { .. }) if DB::stored(pool, &key).await?.is_some() => {
+        Err(Error::NotDead { .. }) if messages::stored(pool, &key).await?.is_some() => {
             Ok(Outcome::Duplicate)
         }
         Err(error) => Err(error),
@@ -804,7 +806,7 @@ async fn resolve_dead<DB: Backend>(
     let action = if replay { "replay" } else { "discard" };
     let resolution = Resolution { replay, by, reason };
     let mut tx = DB::begin(pool).await?;
-    if !DB::resolve(&mut tx, key, &resolution).await? {
+    if !messages::resolve(&mut tx, key, &resolution).await? {
         return Err(Error::NotDead {
             handler: key.handler.to_owned(),
             message_id: key.message_id.to_owned(),
@@ -837,7 +839,7 @@ pub async fn retry_due<DB: Backend, H: Handler<DB>>(
     retry: &RetryPolicy,
 ) -> Result<u32, Error> {
     let mut processed = 0;
-    for message_id in DB::due_retries(pool, consumer, handler.name(), now_ms(), 500).await? {
+    for message_id in operators::due_retries(pool, consumer, handler.name(), now_ms(), 500).await? {
         match rerun(pool, consumer, handler, &message_id, retry).await {
             Ok(outcome) => processed += u32::from(outcome == Outcome::Processed),
             Err(error) => {
@@ -862,9 +864,9 @@ async fn rerun<DB: Backend, H: Handler<DB>>(
         handler: handler.name(),
         message_id,
     };
-    let Some(stored) = DB::stored(pool, &key)
+    let Some(stored) = messages::stored(pool, &key)
         .await?
-        .filter(|s| s.status == "failed")
+        .filter(|s| s.status == MessageStatus::Failed)
     else {
         return Ok(Outcome::Duplicate);
     };
@@ -897,7 +899,7 @@ async fn bury_undecodable<DB: Backend>(
     let reason = format!("cannot be {action}: {error}");
     tracing::warn!(handler = key.handler, message_id = key.message_id, %reason, "message is dead");
     let mut tx = DB::begin(pool).await?;
-    DB::bury(&mut tx, key, Some(&reason)).await?;
+    messages::bury(&mut tx, key, Some(&reason)).await?;
     tx.commit().await?;
     Ok(())
 }

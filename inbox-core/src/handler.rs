@@ -6,13 +6,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use sqlx::Pool;
 
-use crate::backend::Backend;
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
 use crate::identity::Identity;
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
+use crate::storage::Backend;
 
 /// How long a parked message waits for its missing predecessor before it is marked dead, unless
 /// the handler sets `gap_timeout`.

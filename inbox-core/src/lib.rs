@@ -3,25 +3,21 @@
 //! Most users depend on the `inbox` facade crate instead, which re-exports this one.
 #![warn(missing_docs)]
 
-mod backend;
 mod context;
 mod envelope;
 mod error;
 mod guard;
 mod handler;
 mod identity;
+mod keys;
 mod message;
 mod outcome;
 mod retention;
 mod retry;
 mod status;
-mod store;
+pub mod storage;
 mod text;
 
-pub use backend::{
-    Backend, Claim, Claimed, DeadReason, Failure, MIGRATIONS_TABLE, MessageKey, ParkedMessage,
-    Resolution, Seen, StoredPayload, Stream, sqlite_options,
-};
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
 pub use error::{Error, HandlerError};
@@ -33,21 +29,23 @@ pub use handler::{
     DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult, Headers, Ordering,
 };
 pub use identity::{Identity, MAX_ID_LEN, MAX_SEQUENCE};
+pub use keys::{Claim, DeadReason, Failure, MessageKey, MessageStatus, Resolution, Stream};
 pub use message::{Identifier, Message, SequenceNumber};
 pub use outcome::Outcome;
 pub use retention::{PurgeReport, Retention, purge, purge_preview};
 pub use retry::{DEFAULT_ATTEMPT_TIMEOUT, RetryPolicy};
 pub use status::{Status, status};
-pub use store::{
-    DeadLetterFilter, HandlerStatus, PurgeLeader, PurgePreview, RejectedDelivery, Store,
-    StoredMessage,
-};
+pub use storage::messages::{Claimed, Seen, StoredPayload};
+pub use storage::operators::{DeadLetterFilter, HandlerStatus, RejectedDelivery, StoredMessage};
+pub use storage::purge::{PurgeLeader, PurgePreview};
+pub use storage::streams::ParkedMessage;
+pub use storage::{Backend, MIGRATIONS_TABLE, sqlite_options};
 pub use text::storable_text;
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in
 /// their own table, [`MIGRATIONS_TABLE`], apart from the application's).
 pub async fn migrate<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), Error> {
-    Ok(DB::migrate(pool).await?)
+    Ok(storage::schema::migrate(pool).await?)
 }
 
 /// The inbox schema for `DB` as plain DDL, for teams that run their own migrations.

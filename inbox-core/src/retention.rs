@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::backend::Backend;
 use crate::error::Error;
-use crate::store::PurgePreview;
+use crate::storage::purge::PurgePreview;
+use crate::storage::{Backend, purge as statements};
 
 /// How long dedup rows are kept, and how a purge deletes them.
 ///
@@ -130,7 +130,7 @@ pub async fn purge_preview<DB: Backend>(
     pool: &Pool<DB>,
     retention: &Retention,
 ) -> Result<PurgePreview, Error> {
-    Ok(DB::purge_preview(pool, retention.window.as_secs_f64()).await?)
+    Ok(statements::preview(pool, retention.window.as_secs_f64()).await?)
 }
 
 /// Deletes the processed and stale rows older than `retention`'s window, in batches, if no other
@@ -139,7 +139,7 @@ pub async fn purge<DB: Backend>(
     pool: &Pool<DB>,
     retention: &Retention,
 ) -> Result<PurgeReport, Error> {
-    let Some(leader) = DB::lead_purge(pool).await? else {
+    let Some(leader) = statements::lead_purge(pool).await? else {
         tracing::info!("another instance holds the purge lock; this one skips its turn");
         return Ok(PurgeReport::default());
     };
@@ -177,7 +177,7 @@ async fn purge_batches<DB: Backend>(
         ..PurgeReport::default()
     };
     loop {
-        let purged = DB::purge_batch(pool, older_than, limit).await?;
+        let purged = statements::batch(pool, older_than, limit).await?;
         report.purged += purged;
         report.batches += 1;
         metrics::counter!("inbox_purged_total").increment(purged);

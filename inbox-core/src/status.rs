@@ -2,9 +2,9 @@
 
 use sqlx::Pool;
 
-use crate::backend::Backend;
 use crate::error::Error;
-use crate::store::HandlerStatus;
+use crate::storage::operators::HandlerStatus;
+use crate::storage::{Backend, operators};
 
 /// The state of an inbox database, over every consumer.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +22,8 @@ pub struct Status {
 /// takes as long as a scan: an operator's command, not something to poll.
 pub async fn status<DB: Backend>(pool: &Pool<DB>) -> Result<Status, Error> {
     Ok(Status {
-        handlers: DB::status(pool).await?,
-        rejected: DB::rejected_counts(pool).await?,
-        storage_bytes: DB::storage_bytes(pool).await?,
+        handlers: operators::status(pool).await?,
+        rejected: operators::rejected_counts(pool).await?,
+        storage_bytes: operators::storage_bytes(pool).await?,
     })
 }

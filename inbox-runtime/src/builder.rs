@@ -117,7 +117,7 @@ impl<DB: Backend> InboxBuilder<DB> {
             return Err(BuildError::EmptyConsumer);
         }
         let registry = Registry::new(self.routes)?;
-        DB::check_schema(&self.pool)
+        inbox_core::storage::schema::check(&self.pool)
             .await
             .map_err(BuildError::Schema)?;
         Ok(Inbox::new(Shared {

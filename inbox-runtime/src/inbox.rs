@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use inbox_core::storage::operators;
 use inbox_core::{
-    Backend, DeadLetterFilter, Envelope, Error, ExpiredGap, MessageKey, Outcome, PurgeReport,
-    RejectedDelivery, Resolution, Retention, StoredMessage,
+    Backend, DeadLetterFilter, Envelope, Error, ExpiredGap, MessageKey, MessageStatus, Outcome,
+    PurgeReport, RejectedDelivery, Resolution, Retention, StoredMessage,
 };
 use sqlx::Pool;
 
@@ -197,7 +198,12 @@ impl<DB: Backend> Inbox<DB> {
 
     /// The messages parked by strict ordering, waiting for a predecessor.
     pub async fn parked(&self) -> Result<Vec<StoredMessage>, Error> {
-        Ok(DB::list(&self.shared.pool, &self.shared.consumer, "parked").await?)
+        Ok(operators::list(
+            &self.shared.pool,
+            &self.shared.consumer,
+            MessageStatus::Parked,
+        )
+        .await?)
     }
 
     /// The dead messages: given up on after their last attempt or a permanent error, or parked
@@ -218,7 +224,7 @@ impl<DB: Backend> Inbox<DB> {
             handler,
             message_id,
         };
-        Ok(DB::show(&self.shared.pool, &key).await?)
+        Ok(operators::show(&self.shared.pool, &key).await?)
     }
 
     /// The dead messages that match `filter` (handler, type, how recently they failed).
@@ -226,7 +232,7 @@ impl<DB: Backend> Inbox<DB> {
         &self,
         filter: &DeadLetterFilter,
     ) -> Result<Vec<StoredMessage>, Error> {
-        Ok(DB::dead_letters(&self.shared.pool, &self.shared.consumer, filter).await?)
+        Ok(operators::dead_letters(&self.shared.pool, &self.shared.consumer, filter).await?)
     }
 
     /// Replays the dead message `message_id` of `handler` through the normal guarded path, after
@@ -290,7 +296,7 @@ impl<DB: Backend> Inbox<DB> {
 
     /// The deliveries that could not be handled at all and wait for an operator, oldest first.
     pub async fn rejected(&self) -> Result<Vec<RejectedDelivery>, Error> {
-        Ok(DB::rejected(&self.shared.pool, &self.shared.consumer).await?)
+        Ok(operators::rejected(&self.shared.pool, &self.shared.consumer).await?)
     }
 
     /// Dispatches rejected delivery `id` again, exactly as it came (after the missing handler was
@@ -302,7 +308,7 @@ impl<DB: Backend> Inbox<DB> {
         reason: &str,
     ) -> Result<Vec<Handled>, Error> {
         let shared = &self.shared;
-        let delivery = DB::rejected_one(&shared.pool, &shared.consumer, id)
+        let delivery = operators::rejected_one(&shared.pool, &shared.consumer, id)
             .await?
             .ok_or(Error::UnknownRejected(id))?;
         let envelope = delivery.envelope().map_err(|e| Error::Decode {
@@ -337,7 +343,7 @@ impl<DB: Backend> Inbox<DB> {
 
     async fn resolve_rejected(&self, id: i64, resolution: Resolution<'_>) -> Result<(), Error> {
         let shared = &self.shared;
-        match DB::resolve_rejected(&shared.pool, &shared.consumer, id, &resolution).await? {
+        match operators::resolve_rejected(&shared.pool, &shared.consumer, id, &resolution).await? {
             true => Ok(()),
             false => Err(Error::UnknownRejected(id)),
         }
@@ -345,7 +351,12 @@ impl<DB: Backend> Inbox<DB> {
 
     /// The messages discarded by an operator, with who and why.
     pub async fn discarded(&self) -> Result<Vec<StoredMessage>, Error> {
-        Ok(DB::list(&self.shared.pool, &self.shared.consumer, "discarded").await?)
+        Ok(operators::list(
+            &self.shared.pool,
+            &self.shared.consumer,
+            MessageStatus::Discarded,
+        )
+        .await?)
     }
 
     /// Consumes `source` until it ends; see [`Inbox::run_until`].
@@ -390,7 +401,7 @@ impl<DB: Backend> Shared<DB> {
 
     /// Sets `inbox_parked_messages` and `inbox_dead_letters` for every handler of this inbox.
     pub(crate) async fn gauge_backlog(&self) -> Result<(), Error> {
-        let backlog = DB::backlog(&self.pool, &self.consumer).await?;
+        let backlog = operators::backlog(&self.pool, &self.consumer).await?;
         for route in self.registry.routes() {
             let count = |status: &str| {
                 backlog

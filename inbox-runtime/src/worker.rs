@@ -361,7 +361,7 @@ async fn store_rejected<DB: Backend>(
         reason,
         "delivery rejected"
     );
-    DB::reject(&shared.pool, &shared.consumer, envelope, reason).await?;
+    inbox_core::storage::messages::reject(&shared.pool, &shared.consumer, envelope, reason).await?;
     report.rejected += 1;
     metrics::counter!("inbox_rejected_total", "consumer" => shared.consumer.clone()).increment(1);
     Ok(())

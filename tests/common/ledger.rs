@@ -31,13 +31,13 @@ impl Credited {
 
 /// The application's tables, written by the handlers in the guarded transaction.
 pub const LEDGER_TABLES: [&str; 4] = [
-    "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0, frozen BOOLEAN NOT NULL DEFAULT FALSE)",
+    "CREATE TABLE accounts (id VARCHAR(255) PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0, frozen BOOLEAN NOT NULL DEFAULT FALSE)",
     "CREATE TABLE applied (account TEXT NOT NULL, sequence BIGINT NOT NULL, event_id TEXT NOT NULL, position BIGINT NOT NULL)",
     "CREATE TABLE audit_log (event_id TEXT NOT NULL, amount BIGINT NOT NULL)",
     "CREATE TABLE crash_points (account TEXT NOT NULL, sequence BIGINT NOT NULL)",
 ];
 
-/// Defines, for one connection type, the ledger's handlers (the caller imports `inbox::prelude::*`
+/// Defines, for one database and its connection type, the ledger's handlers (the caller imports `inbox::prelude::*`
 /// and `Credited`). All credit handlers share one body, `apply_credit`, which records the
 /// application order, fails if the account is frozen or a crash point is set for the event's
 /// sequence (after writing, so a missing rollback shows), and credits the balance with a
@@ -49,7 +49,7 @@ pub const LEDGER_TABLES: [&str; 4] = [
 /// - `audit` (key only, its own dedup scope): appends to `audit_log`.
 #[allow(unused_macros)]
 macro_rules! ledger_handlers {
-    ($conn:ty) => {
+    ($db:ty, $conn:ty) => {
         pub use handlers::*;
 
         /// Each test binary uses some of these.
@@ -59,12 +59,12 @@ macro_rules! ledger_handlers {
 
         async fn apply_credit(tx: &mut $conn, msg: &Credited) -> Result<(), HandlerError> {
             let position: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM applied WHERE account = $1")
+                sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM applied WHERE account = $1"))
                     .bind(msg.account.as_str())
                     .fetch_one(&mut *tx)
                     .await?;
             sqlx::query(
-                "INSERT INTO applied (account, sequence, event_id, position) VALUES ($1, $2, $3, $4)",
+                $crate::common::sql::<$db>("INSERT INTO applied (account, sequence, event_id, position) VALUES ($1, $2, $3, $4)"),
             )
             .bind(msg.account.as_str())
             .bind(msg.sequence)
@@ -73,7 +73,7 @@ macro_rules! ledger_handlers {
             .execute(&mut *tx)
             .await?;
             let crash: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM crash_points WHERE account = $1 AND sequence = $2",
+                $crate::common::sql::<$db>("SELECT COUNT(*) FROM crash_points WHERE account = $1 AND sequence = $2"),
             )
             .bind(msg.account.as_str())
             .bind(msg.sequence)
@@ -83,7 +83,7 @@ macro_rules! ledger_handlers {
                 return Err(HandlerError::msg(format!("simulated crash at {} #{}", msg.account, msg.sequence)));
             }
             let account: Option<(i64, bool)> =
-                sqlx::query_as("SELECT balance, frozen FROM accounts WHERE id = $1")
+                sqlx::query_as($crate::common::sql::<$db>("SELECT balance, frozen FROM accounts WHERE id = $1"))
                     .bind(msg.account.as_str())
                     .fetch_optional(&mut *tx)
                     .await?;
@@ -93,11 +93,18 @@ macro_rules! ledger_handlers {
             }
             // Widen the window in which an unserialized second writer would lose this update.
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-            sqlx::query("INSERT INTO accounts (id, balance) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET balance = excluded.balance")
-                .bind(msg.account.as_str())
+            let updated = sqlx::query($crate::common::sql::<$db>("UPDATE accounts SET balance = $1 WHERE id = $2"))
                 .bind(balance + msg.amount)
+                .bind(msg.account.as_str())
                 .execute(&mut *tx)
                 .await?;
+            if updated.rows_affected() == 0 {
+                sqlx::query($crate::common::sql::<$db>("INSERT INTO accounts (id, balance) VALUES ($1, $2)"))
+                    .bind(msg.account.as_str())
+                    .bind(balance + msg.amount)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             Ok(())
         }
 
@@ -129,7 +136,7 @@ macro_rules! ledger_handlers {
 
         #[inbox_handler(key = "event_id", name = "audit")]
         pub async fn audit(tx: &mut $conn, msg: Credited) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO audit_log (event_id, amount) VALUES ($1, $2)")
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO audit_log (event_id, amount) VALUES ($1, $2)"))
                 .bind(msg.event_id)
                 .bind(msg.amount)
                 .execute(&mut *tx)

@@ -1,5 +1,9 @@
-//! Real databases for the behaviour tests: a fresh SQLite file per test, and a fresh PostgreSQL
-//! schema per test when `INBOX_TEST_POSTGRES_URL` is set (required when `CI=true`).
+//! Real databases for the behaviour tests: a fresh SQLite file per test, a fresh PostgreSQL
+//! schema per test when `INBOX_TEST_POSTGRES_URL` is set, and a fresh MySQL database per test
+//! when `INBOX_TEST_MYSQL_URL` is set (both required when `CI=true`).
+//!
+//! The tests write their own SQL in PostgreSQL's dialect with `$n` placeholders, each taken once
+//! and in order; [`sql`] turns it into the backend's.
 
 #![allow(dead_code)]
 
@@ -12,6 +16,29 @@ use sqlx::{Connection, PgConnection, PgPool, SqlitePool};
 
 /// The variable that points the tests at a PostgreSQL server.
 pub const POSTGRES_URL_VAR: &str = "INBOX_TEST_POSTGRES_URL";
+
+/// The variable that points the tests at a MySQL or MariaDB server.
+pub const MYSQL_URL_VAR: &str = "INBOX_TEST_MYSQL_URL";
+
+/// A test's own SQL for `DB`: MySQL takes `?` where the tests write `$1`, `$2`, ...
+pub fn sql<DB: sqlx::Database>(sql: &str) -> sqlx::AssertSqlSafe<String> {
+    if DB::NAME != "MySQL" {
+        return sqlx::AssertSqlSafe(sql.to_owned());
+    }
+    let mut translated = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            while chars.peek().is_some_and(char::is_ascii_digit) {
+                chars.next();
+            }
+            translated.push('?');
+        } else {
+            translated.push(c);
+        }
+    }
+    sqlx::AssertSqlSafe(translated)
+}
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -70,16 +97,7 @@ pub async fn sqlite_url(test: &str) -> Option<String> {
 /// connect by URL, such as the CLI: the URL's `options=-c search_path=...` selects the schema.
 /// `None` (with a line saying so) when no server is configured, like [`postgres`].
 pub async fn postgres_url(test: &str) -> Option<String> {
-    let Ok(url) = std::env::var(POSTGRES_URL_VAR) else {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{POSTGRES_URL_VAR} is not set, and CI must run the PostgreSQL tests");
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED on PostgreSQL: {test} (set {POSTGRES_URL_VAR}=postgres://... to run it)"
-        );
-        return None;
-    };
+    let url = server_url(POSTGRES_URL_VAR, "PostgreSQL", test)?;
     let schema = unique(test).to_lowercase();
     let mut admin = PgConnection::connect(&url)
         .await
@@ -92,6 +110,61 @@ pub async fn postgres_url(test: &str) -> Option<String> {
     Some(format!(
         "{url}{separator}options=-c%20search_path%3D{schema}"
     ))
+}
+
+/// The URL of the server `var` names, or `None` (with a line saying so) when it is not set.
+/// Under `CI=true` a missing server fails the test instead.
+fn server_url(var: &str, database: &str, test: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{var} is not set, and CI must run the {database} tests")
+        }
+        Err(_) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED on {database}: {test} (set {var} to run it)"
+            );
+            None
+        }
+    }
+}
+
+/// A migrated MySQL database of its own, or `None` (with a line saying so) when no server is
+/// configured. Under `CI=true` a missing server fails the test instead.
+#[cfg(feature = "mysql")]
+pub async fn mysql(test: &str) -> Option<sqlx::MySqlPool> {
+    let url = mysql_url(test).await?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(24)
+        .connect(&url)
+        .await
+        .expect("connect MySQL");
+    inbox::migrate(&pool).await.expect("migrate MySQL");
+    Some(pool)
+}
+
+/// The URL of a new, empty MySQL database of its own (no inbox tables), like [`postgres_url`].
+#[cfg(feature = "mysql")]
+pub async fn mysql_url(test: &str) -> Option<String> {
+    let url = server_url(MYSQL_URL_VAR, "MySQL", test)?;
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    // MySQL names are at most 64 characters.
+    let prefix: String = test.chars().take(32).collect();
+    let database = format!("inbox_t_{prefix}_{}_{n}_{nanos}", std::process::id());
+    let mut admin = sqlx::MySqlConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach MySQL at {url}: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{database}`")))
+        .execute(&mut admin)
+        .await
+        .expect("create test database");
+    let (server, _) = url.rsplit_once('/').expect("a MySQL URL names a database");
+    Some(format!("{server}/{database}"))
 }
 
 /// Shuffles `items` the same way for the same `seed` (a small xorshift generator: the tests need

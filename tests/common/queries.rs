@@ -29,7 +29,7 @@ macro_rules! ledger_queries {
         }
 
         pub async fn balance(pool: &Pool, account: &str) -> i64 {
-            sqlx::query_scalar("SELECT COALESCE(MAX(balance), 0) FROM accounts WHERE id = $1")
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT COALESCE(MAX(balance), 0) FROM accounts WHERE id = $1"))
                 .bind(account.to_owned())
                 .fetch_one(pool)
                 .await
@@ -38,7 +38,7 @@ macro_rules! ledger_queries {
 
         /// `(sequence, event_id)` of the events applied to `account`, in application order.
         pub async fn applied(pool: &Pool, account: &str) -> Vec<(i64, String)> {
-            sqlx::query_as("SELECT sequence, event_id FROM applied WHERE account = $1 ORDER BY position")
+            sqlx::query_as($crate::common::sql::<$db>("SELECT sequence, event_id FROM applied WHERE account = $1 ORDER BY position"))
                 .bind(account.to_owned())
                 .fetch_all(pool)
                 .await
@@ -56,7 +56,7 @@ macro_rules! ledger_queries {
 
         /// The inbox status recorded for `message_id` under `handler`, if any.
         pub async fn status(pool: &Pool, handler: &str, message_id: &str) -> Option<String> {
-            sqlx::query_scalar("SELECT status FROM inbox_messages WHERE handler = $1 AND message_id = $2")
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT status FROM inbox_messages WHERE handler = $1 AND message_id = $2"))
                 .bind(handler.to_owned())
                 .bind(message_id.to_owned())
                 .fetch_optional(pool)
@@ -65,7 +65,7 @@ macro_rules! ledger_queries {
         }
 
         pub async fn last_sequence(pool: &Pool, handler: &str, account: &str) -> Option<i64> {
-            sqlx::query_scalar("SELECT last_sequence FROM inbox_streams WHERE handler = $1 AND aggregate_id = $2")
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE handler = $1 AND aggregate_id = $2"))
                 .bind(handler.to_owned())
                 .bind(account.to_owned())
                 .fetch_optional(pool)
@@ -74,12 +74,20 @@ macro_rules! ledger_queries {
         }
 
         pub async fn freeze(pool: &Pool, account: &str, frozen: bool) {
-            sqlx::query("INSERT INTO accounts (id, frozen) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET frozen = excluded.frozen")
-                .bind(account.to_owned())
+            let updated = sqlx::query($crate::common::sql::<$db>("UPDATE accounts SET frozen = $1 WHERE id = $2"))
                 .bind(frozen)
+                .bind(account.to_owned())
                 .execute(pool)
                 .await
                 .expect("freeze account");
+            if updated.rows_affected() == 0 {
+                sqlx::query($crate::common::sql::<$db>("INSERT INTO accounts (id, frozen) VALUES ($1, $2)"))
+                    .bind(account.to_owned())
+                    .bind(frozen)
+                    .execute(pool)
+                    .await
+                    .expect("freeze account");
+            }
         }
         }
     };

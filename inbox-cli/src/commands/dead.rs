@@ -24,7 +24,8 @@ pub async fn run<DB: Backend>(
             failed_within,
         } => {
             let filter = filter(handler, message_type, failed_within);
-            let dead = DB::dead_letters(pool, &consumer, &filter).await?;
+            let dead =
+                inbox_core::storage::operators::dead_letters(pool, &consumer, &filter).await?;
             out.emit(&MessageList::new(ListKind::Dead, &consumer, dead))
         }
         DeadCommand::Show(message) => {
@@ -103,7 +104,7 @@ async fn stored<DB: Backend>(
     pool: &Pool<DB>,
     key: &MessageKey<'_>,
 ) -> Result<StoredMessage, CliError> {
-    DB::show(pool, key)
+    inbox_core::storage::operators::show(pool, key)
         .await?
         .ok_or_else(|| CliError::NoSuchMessage {
             consumer: key.consumer.to_owned(),
@@ -116,11 +117,11 @@ async fn stored<DB: Backend>(
 /// confirmation, and so that a typo reads "no such message" rather than "not dead".
 async fn ensure_dead<DB: Backend>(pool: &Pool<DB>, key: &MessageKey<'_>) -> Result<(), CliError> {
     let message = stored(pool, key).await?;
-    if message.status != "dead" {
+    if message.status != inbox_core::MessageStatus::Dead {
         return Err(CliError::NotDead {
             handler: message.handler,
             message_id: message.message_id,
-            status: message.status,
+            status: message.status.to_string(),
         });
     }
     Ok(())

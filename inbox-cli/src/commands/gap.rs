@@ -42,14 +42,14 @@ pub async fn run<DB: Backend>(
 /// Fails with [`CliError::NoGap`] unless messages of `stream` are parked, or dead because their gap
 /// timed out: skipping a gap on any other stream would only create its row.
 async fn ensure_waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<(), CliError> {
-    if DB::has_parked(pool, stream).await? {
+    if inbox_core::storage::streams::has_parked(pool, stream).await? {
         return Ok(());
     }
     let filter = DeadLetterFilter::default().handler(stream.handler);
-    let dead = DB::dead_letters(pool, stream.consumer, &filter).await?;
+    let dead = inbox_core::storage::operators::dead_letters(pool, stream.consumer, &filter).await?;
     let behind_gap = |message: &StoredMessage| {
         message.aggregate_id.as_deref() == Some(stream.aggregate)
-            && message.dead_reason.as_deref() == Some(DeadReason::GapTimeout.as_str())
+            && message.dead_reason == Some(DeadReason::GapTimeout)
     };
     if dead.iter().any(behind_gap) {
         return Ok(());

@@ -16,7 +16,12 @@ pub async fn run<DB: Backend>(
     let consumer = args.consumer.consumer;
     match args.command {
         ParkedCommand::List => {
-            let parked = DB::list(pool, &consumer, "parked").await?;
+            let parked = inbox_core::storage::operators::list(
+                pool,
+                &consumer,
+                inbox_core::MessageStatus::Parked,
+            )
+            .await?;
             out.emit(&MessageList::new(ListKind::Parked, &consumer, parked))
         }
     }

@@ -64,7 +64,7 @@ impl From<StoredMessage> for MessageSummary {
             message_type: message.message_type,
             aggregate_id: message.aggregate_id,
             sequence_number: message.sequence_number,
-            status: message.status,
+            status: message.status.to_string(),
             attempt_count: message.attempt_count,
             last_error: message.error_text,
             received_at: message.received_at,

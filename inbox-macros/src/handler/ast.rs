@@ -11,6 +11,7 @@ use crate::ctxt::Ctxt;
 pub enum Database<'a> {
     Postgres,
     Sqlite,
+    MySql,
     /// The `DB` of `Transaction<'_, DB>` or `Context<'_, DB>`.
     Named(&'a Type),
 }
@@ -106,7 +107,7 @@ fn message_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<&'a Type> {
 /// The database parameter is `&mut` one of the handles the inbox knows; which database it names
 /// decides the `Handler<DB>` implementation.
 fn database_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<DatabaseParam<'a>> {
-    const EXPECTED: &str = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message";
+    const EXPECTED: &str = "use `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, `&mut sqlx::MySqlConnection`, `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>`, or take only the message";
     let reference: &TypeReference = match ungroup(&param.ty) {
         Type::Reference(reference) if reference.mutability.is_some() => reference,
         other => {
@@ -138,6 +139,7 @@ fn database_of(path: &TypePath) -> Option<Database<'_>> {
     let last = path.path.segments.last()?;
     match last.ident.to_string().as_str() {
         "PgConnection" => Some(Database::Postgres),
+        "MySqlConnection" => Some(Database::MySql),
         "SqliteConnection" => Some(Database::Sqlite),
         "Transaction" | "Context" => first_type_argument(&last.arguments).map(Database::Named),
         _ => None,

@@ -211,6 +211,7 @@ impl Expansion<'_> {
         match param.database {
             Database::Postgres => quote!(#krate::__private::Postgres),
             Database::Sqlite => quote!(#krate::__private::Sqlite),
+            Database::MySql => quote!(#krate::__private::MySql),
             Database::Named(database) => quote!(#database),
         }
     }

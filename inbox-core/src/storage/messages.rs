@@ -1,0 +1,330 @@
+//! Dedup rows, as the guard reads and writes them on every message: the claim, failures and their
+//! retries, settling, burying, operators' replays and discards, and rejected deliveries.
+
+use sqlx::{Pool, Transaction};
+
+use super::sql::{self, Columns, FromColumns, Param, named};
+use super::{Backend, insert_unless_there, key_params, returning};
+use crate::envelope::Envelope;
+use crate::keys::{Claim, DeadReason, Failure, MessageKey, MessageStatus, Resolution};
+use crate::text::storable_text;
+
+/// The answer to a [`Claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// First time: the dedup row is now held by this transaction.
+    New,
+    /// Failed before, with the same content: this is attempt `attempt`, and the row is held by
+    /// this transaction.
+    Retry {
+        /// 2 for the first retry.
+        attempt: u32,
+    },
+    /// Seen before, with this payload hash and status.
+    Seen(Seen),
+}
+
+/// A dedup row already there, as a claim finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The hash stored when the message was first recorded.
+    pub payload_hash: Vec<u8>,
+    /// Where it stands.
+    pub status: MessageStatus,
+    /// When a `failed` message's next attempt is due, in Unix epoch milliseconds.
+    pub retry_at_ms: Option<i64>,
+}
+
+impl FromColumns for Seen {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(Seen {
+            payload_hash: row.maybe_bytes(0)?.unwrap_or_default(),
+            status: named(row, 1, MessageStatus::parse)?,
+            retry_at_ms: row.maybe_int(2)?,
+        })
+    }
+}
+
+impl Seen {
+    /// Whether `claim` may take this row for its next attempt now.
+    fn retry_due_for(&self, claim: &Claim<'_>) -> bool {
+        self.status == MessageStatus::Failed
+            && self.payload_hash == claim.payload_hash
+            && self.retry_at_ms.is_some_and(|due| due <= claim.now_ms)
+    }
+}
+
+/// The stored content of a message, for a replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPayload {
+    /// Where it stands.
+    pub status: MessageStatus,
+    /// The payload as delivered, while it is kept.
+    pub payload: Option<Vec<u8>>,
+    /// The delivery's headers, as a JSON object.
+    pub headers: Option<String>,
+}
+
+impl FromColumns for StoredPayload {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(StoredPayload {
+            status: named(row, 0, MessageStatus::parse)?,
+            payload: row.maybe_bytes(1)?,
+            headers: row.maybe_text(2)?,
+        })
+    }
+}
+
+fn claim_params<'a>(claim: &Claim<'a>) -> [Param<'a>; 7] {
+    [
+        Param::Text(claim.consumer),
+        Param::Text(claim.handler),
+        Param::Text(claim.message_id),
+        Param::Text(claim.message_type),
+        Param::MaybeText(claim.aggregate),
+        Param::MaybeInt(claim.sequence),
+        Param::Bytes(claim.payload_hash),
+    ]
+}
+
+/// Inserts the dedup row, or reports the one already there; a `failed` row of the same content
+/// whose retry is due is taken for the next attempt. The row already there is read before it is
+/// written, so concurrent duplicates only read it (on MySQL, where a duplicate insert leaves a
+/// shared lock, writing it would deadlock them).
+pub async fn claim<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+) -> Result<Claimed, sqlx::Error> {
+    // A row that conflicts and is then gone was purged in between: claim it again.
+    for _ in 0..3 {
+        if let Some(claimed) = try_claim(tx, claim).await? {
+            return Ok(claimed);
+        }
+    }
+    Err(sqlx::Error::RowNotFound)
+}
+
+async fn try_claim<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    let sql = DB::SQL.messages;
+    if insert_unless_there::<DB>(sql::conn(tx), sql.claim, &claim_params(claim)).await? {
+        return Ok(Some(Claimed::New));
+    }
+    let Some(found) = seen(tx, &claim.key()).await? else {
+        return Ok(None);
+    };
+    if !found.retry_due_for(claim) {
+        return Ok(Some(Claimed::Seen(found)));
+    }
+    let [consumer, handler, message_id] = key_params(&claim.key());
+    let write = [
+        consumer,
+        handler,
+        message_id,
+        Param::Bytes(claim.payload_hash),
+        Param::Int(claim.now_ms),
+    ];
+    let failed: Option<i32> = returning::<DB, _>(
+        sql::conn(tx),
+        sql.retry_claim,
+        &write,
+        &key_params(&claim.key()),
+    )
+    .await?;
+    match failed {
+        Some(failed) => Ok(Some(Claimed::Retry {
+            attempt: u32::try_from(failed).unwrap_or(0) + 1,
+        })),
+        None => Ok(seen(tx, &claim.key()).await?.map(Claimed::Seen)),
+    }
+}
+
+/// The dedup row of `key`, if there is one.
+pub async fn seen<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    key: &MessageKey<'_>,
+) -> Result<Option<Seen>, sqlx::Error> {
+    sql::fetch_optional::<DB, Seen>(sql::conn(tx), DB::SQL.messages.seen, &key_params(key)).await
+}
+
+/// Records a failed attempt of a claimed (or released) message, after its transaction rolled
+/// back: the row becomes (or stays) `failed` with the payload, and its attempt count goes up.
+/// Returns the number of failed attempts, or `None` if the row holds another state (handled
+/// meanwhile) or another content (see [`seen`]).
+pub async fn record_failure<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+    failure: &Failure<'_>,
+) -> Result<Option<u32>, sqlx::Error> {
+    let sql = DB::SQL.messages;
+    let error = storable_text(failure.error);
+    let [
+        consumer,
+        handler,
+        message_id,
+        message_type,
+        aggregate,
+        sequence,
+        hash,
+    ] = claim_params(claim);
+    let first = [
+        consumer,
+        handler,
+        message_id,
+        message_type,
+        aggregate,
+        sequence,
+        hash,
+        Param::Bytes(failure.payload),
+        Param::Text(failure.headers),
+        Param::Text(&error),
+        Param::Text(&error),
+        Param::Int(claim.now_ms),
+    ];
+    if insert_unless_there::<DB>(sql::conn(tx), sql.insert_failure, &first).await? {
+        return Ok(Some(1));
+    }
+    let again = [
+        Param::Text(&error),
+        Param::Text(&error),
+        Param::Bytes(failure.payload),
+        Param::Text(failure.headers),
+        Param::Int(claim.now_ms),
+        consumer,
+        handler,
+        message_id,
+        hash,
+    ];
+    let failed: Option<i32> = returning::<DB, _>(
+        sql::conn(tx),
+        sql.update_failure,
+        &again,
+        &key_params(&claim.key()),
+    )
+    .await?;
+    Ok(failed.map(|failed| u32::try_from(failed).unwrap_or(0)))
+}
+
+/// Sets when a `failed` message's next attempt is due, in Unix epoch milliseconds.
+pub async fn schedule_retry<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    key: &MessageKey<'_>,
+    retry_at_ms: i64,
+) -> Result<(), sqlx::Error> {
+    let [consumer, handler, message_id] = key_params(key);
+    let params = [Param::Int(retry_at_ms), consumer, handler, message_id];
+    sql::execute::<DB>(sql::conn(tx), DB::SQL.messages.schedule_retry, &params).await?;
+    Ok(())
+}
+
+/// Fails if the transaction can no longer commit: PostgreSQL aborts a transaction at its first
+/// failed statement, and then turns `COMMIT` into a silent rollback.
+pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
+    sql::execute::<DB>(sql::conn(tx), DB::SQL.messages.check_open, &[]).await?;
+    Ok(())
+}
+
+/// Marks a `failed` (or `parked`) message dead, keeping its payload for an operator; `reason`, if
+/// given, replaces its last error and says it is [`DeadReason::Undecodable`], else it
+/// [`DeadReason::GaveUp`].
+pub async fn bury<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    key: &MessageKey<'_>,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let reason = reason.map(storable_text);
+    let dead_reason = match reason {
+        Some(_) => DeadReason::Undecodable,
+        None => DeadReason::GaveUp,
+    };
+    let [consumer, handler, message_id] = key_params(key);
+    let params = [
+        Param::MaybeText(reason.as_deref()),
+        Param::Text(dead_reason.as_str()),
+        consumer,
+        handler,
+        message_id,
+    ];
+    sql::execute::<DB>(sql::conn(tx), DB::SQL.messages.bury, &params).await?;
+    Ok(())
+}
+
+/// Sets the status of a dedup row (`processed`, `stale`), dropping any kept payload.
+pub async fn settle<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    key: &MessageKey<'_>,
+    status: MessageStatus,
+) -> Result<(), sqlx::Error> {
+    let [consumer, handler, message_id] = key_params(key);
+    let params = [Param::Text(status.as_str()), consumer, handler, message_id];
+    sql::execute::<DB>(sql::conn(tx), DB::SQL.messages.settle, &params).await?;
+    Ok(())
+}
+
+/// The status, payload and headers of a dedup row.
+pub async fn stored<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+) -> Result<Option<StoredPayload>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_optional::<DB, StoredPayload>(&mut conn, DB::SQL.messages.stored, &key_params(key))
+        .await
+}
+
+/// Records what an operator did about a `dead` or `failed` message: a replay makes it `failed`
+/// with no attempts, due at once; a discard makes it `discarded`. Who and why are kept with the
+/// message, and its payload too. Returns `false` if it was neither dead nor failed.
+pub async fn resolve<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    key: &MessageKey<'_>,
+    resolution: &Resolution<'_>,
+) -> Result<bool, sqlx::Error> {
+    let sql = DB::SQL.messages;
+    let statement = if resolution.replay {
+        sql.replay
+    } else {
+        sql.discard
+    };
+    let (by, reason) = (
+        storable_text(resolution.by),
+        storable_text(resolution.reason),
+    );
+    let [consumer, handler, message_id] = key_params(key);
+    let params = [
+        Param::Text(&by),
+        Param::Text(&reason),
+        consumer,
+        handler,
+        message_id,
+    ];
+    Ok(sql::execute::<DB>(sql::conn(tx), statement, &params).await? == 1)
+}
+
+/// Keeps a delivery that could not be handled at all, with its exact bytes and the reason;
+/// returns its number.
+pub async fn reject<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    envelope: &Envelope,
+    reason: &str,
+) -> Result<i64, sqlx::Error> {
+    let headers = crate::handler::headers_to_json(envelope.headers());
+    let (message_type, id, reason) = (
+        storable_text(envelope.message_type()),
+        storable_text(envelope.id()),
+        storable_text(reason),
+    );
+    let params = [
+        Param::Text(consumer),
+        Param::Text(&message_type),
+        Param::Text(&id),
+        Param::Bytes(envelope.payload()),
+        Param::Text(&headers),
+        Param::Text(&reason),
+    ];
+    let mut conn = pool.acquire().await?;
+    let id = returning::<DB, i64>(&mut conn, DB::SQL.messages.reject, &params, &[]).await?;
+    id.ok_or(sqlx::Error::RowNotFound)
+}

@@ -1,0 +1,226 @@
+//! Where the inbox keeps its rows: one [`Backend`] per database, holding that database's SQL and
+//! quirks as data ([`Statements`]) in a module of its own (`postgres.rs`, `sqlite.rs`,
+//! `mysql.rs`), and the algorithms written once against it, in modules named after who calls
+//! them:
+//!
+//! | module | caller | what |
+//! | --- | --- | --- |
+//! | [`messages`] | the guard, on every message | dedup rows: claim, failures, settle, replay, reject |
+//! | [`streams`] | the guard, for aggregates | stream rows, strict ordering: park, release, gaps |
+//! | [`operators`] | operators, the CLI, gauges | dead letters, rejected deliveries, listings, counts |
+//! | [`purge`] | retention | purge batches, the purge leader |
+//! | [`schema`] | setup | migrations, the schema check, plain DDL |
+//!
+//! Adding a database means one new module implementing [`Backend`]; see `docs/storage.md`.
+
+use std::future::Future;
+
+use sqlx::migrate::{Migrate, Migrator};
+use sqlx::{Database, IntoArguments, Pool, Transaction};
+
+pub mod messages;
+#[cfg(feature = "mysql")]
+mod mysql;
+pub mod operators;
+mod postgres;
+pub mod purge;
+pub mod schema;
+mod sql;
+mod sqlite;
+pub mod streams;
+
+pub use sql::{Bind, Columns, FromColumns, Param, Run};
+pub use sqlite::sqlite_options;
+
+/// A database the inbox can guard messages in: its statements and the few things that are not
+/// statements (how a guarded transaction begins, what a write reports, where its migrations are).
+///
+/// Implemented for [`sqlx::Postgres`], [`sqlx::Sqlite`] and, with the `mysql` feature,
+/// [`sqlx::MySql`] (MySQL 8, MariaDB 10.11).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a database the inbox supports",
+    note = "the inbox runs on `sqlx::Postgres`, `sqlx::Sqlite` and, with the `mysql` feature, `sqlx::MySql`"
+)]
+pub trait Backend:
+    Database<Connection: Run + Migrate, Arguments: Bind + IntoArguments<Self>, Row: Columns>
+{
+    /// How many messages a runtime handles at once by default: SQLite has one writer at a time,
+    /// so more workers there only wait for each other.
+    const DEFAULT_WORKERS: usize;
+
+    /// The database's statements.
+    const SQL: Statements;
+
+    /// Begins the transaction that guards one message, at the isolation the guard is written for
+    /// (PostgreSQL, MySQL: `READ COMMITTED`; SQLite: `BEGIN IMMEDIATE`, so the write lock is taken
+    /// up front instead of failing on upgrade).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+
+    /// How many rows a statement wrote or matched.
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// The database's migrations.
+    fn migrations() -> Migrator;
+
+    /// The schema as plain DDL, for teams that run their own migrations.
+    fn schema_sql() -> &'static str;
+}
+
+/// A statement that writes a row and gives back one of its columns: in one statement where the
+/// database has `RETURNING`, else a write and then a read of the row it holds locked.
+#[derive(Debug, Clone, Copy)]
+pub enum Returning {
+    /// `... RETURNING column`.
+    Inline(&'static str),
+    /// The write, then (if it touched a row) the read.
+    ThenRead {
+        /// The write.
+        write: &'static str,
+        /// The read, with parameters of its own.
+        read: &'static str,
+    },
+}
+
+/// Every statement of one database, by who runs them. Each takes its parameters once and in
+/// the order its function documents, so one list of parameters fits every placeholder style.
+#[derive(Debug, Clone, Copy)]
+pub struct Statements {
+    /// Dedup rows.
+    pub messages: MessageSql,
+    /// Stream rows and strict ordering.
+    pub streams: StreamSql,
+    /// What operators read and resolve.
+    pub operators: OperatorSql,
+    /// The purge.
+    pub purge: PurgeSql,
+    /// The schema check.
+    pub check_schema: &'static str,
+}
+
+/// The statements on dedup rows.
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MessageSql {
+    /// Inserts a `processed` row; a row already there is left alone (no row written, or a
+    /// unique violation, which the caller takes as the same answer).
+    pub claim: &'static str,
+    pub retry_claim: Returning,
+    pub seen: &'static str,
+    pub insert_failure: &'static str,
+    pub update_failure: Returning,
+    pub schedule_retry: &'static str,
+    pub check_open: &'static str,
+    pub bury: &'static str,
+    pub settle: &'static str,
+    pub stored: &'static str,
+    pub replay: &'static str,
+    pub discard: &'static str,
+    pub reject: Returning,
+}
+
+/// The statements on stream rows and parked messages.
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct StreamSql {
+    /// Creates or advances the stream in one statement, writing a row only when the sequence is
+    /// newer; `None` where the database cannot say which (MySQL): then the stream is locked,
+    /// compared and set.
+    pub advance: Option<&'static str>,
+    pub lock: Returning,
+    pub set: &'static str,
+    pub park: &'static str,
+    pub next_parked: &'static str,
+    pub has_parked: &'static str,
+    pub releasable: &'static str,
+    pub revive_gap_dead: &'static str,
+    pub retrying_sequence: &'static str,
+    pub parked_range: &'static str,
+    pub bury_parked: &'static str,
+    pub overdue_gaps: &'static str,
+}
+
+/// The statements operators run.
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct OperatorSql {
+    pub rejected: &'static str,
+    pub rejected_one: &'static str,
+    pub resolve_rejected: &'static str,
+    pub rejected_counts: &'static str,
+    pub dead_letters: &'static str,
+    pub show: &'static str,
+    pub list: &'static str,
+    pub due_retries: &'static str,
+    pub backlog: &'static str,
+    pub status: &'static str,
+    pub storage_bytes: &'static str,
+}
+
+/// The statements of the purge.
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct PurgeSql {
+    pub preview: &'static str,
+    pub batch: &'static str,
+    /// Takes the purge lock on a connection of its own, answering 1 if taken; `None` where
+    /// writers take turns anyway (SQLite).
+    pub lock: Option<&'static str>,
+}
+
+/// The name of the table that records which inbox migrations ran, kept apart from the
+/// application's own `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_inbox_migrations";
+
+/// A dedup row's key, in the order of its placeholders.
+pub(crate) fn key_params<'a>(key: &crate::keys::MessageKey<'a>) -> [Param<'a>; 3] {
+    [
+        Param::Text(key.consumer),
+        Param::Text(key.handler),
+        Param::Text(key.message_id),
+    ]
+}
+
+/// A stream's key, in the order of its placeholders.
+pub(crate) fn stream_params<'a>(stream: &crate::keys::Stream<'a>) -> [Param<'a>; 3] {
+    [
+        Param::Text(stream.consumer),
+        Param::Text(stream.handler),
+        Param::Text(stream.aggregate),
+    ]
+}
+
+/// Runs a [`Returning`] statement.
+pub(crate) async fn returning<DB: Backend, T: FromColumns>(
+    conn: &mut DB::Connection,
+    statement: Returning,
+    write: &[Param<'_>],
+    read: &[Param<'_>],
+) -> Result<Option<T>, sqlx::Error> {
+    match statement {
+        Returning::Inline(sql) => sql::fetch_optional::<DB, T>(conn, sql, write).await,
+        Returning::ThenRead {
+            write: sql,
+            read: then,
+        } => {
+            if sql::execute::<DB>(conn, sql, write).await? == 0 {
+                return Ok(None);
+            }
+            sql::fetch_optional::<DB, T>(conn, then, read).await
+        }
+    }
+}
+
+/// Runs an insert that may find its row there already; `true` if it inserted.
+pub(crate) async fn insert_unless_there<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &'static str,
+    params: &[Param<'_>],
+) -> Result<bool, sqlx::Error> {
+    match sql::execute::<DB>(conn, sql, params).await {
+        Ok(inserted) => Ok(inserted == 1),
+        Err(sqlx::Error::Database(error)) if error.is_unique_violation() => Ok(false),
+        Err(error) => Err(error),
+    }
+}

@@ -1,0 +1,206 @@
+//! MySQL 8 and MariaDB 10.11 (InnoDB), behind the `mysql` feature.
+//!
+//! What it says differently from PostgreSQL:
+//! - `?` placeholders (each statement takes its parameters once, in order, on every database);
+//! - no `RETURNING` on `UPDATE` (nor on `INSERT` in MySQL): a write, then a read of the row the
+//!   transaction now holds locked ([`Returning::ThenRead`]);
+//! - no `ON CONFLICT DO NOTHING`: the claim is a plain `INSERT`, whose duplicate-key error is the
+//!   answer "already there" (an error inside a MySQL transaction undoes only that statement);
+//!   `INSERT IGNORE` would also turn a too-long value into a silently truncated one;
+//! - the client reports rows *matched*, not changed, so an upsert cannot say whether it advanced
+//!   a stream: the stream is locked, compared and set instead (`advance: None`);
+//! - `READ COMMITTED`, pinned per transaction: under `REPEATABLE READ` the gap locks of two claims
+//!   deadlock each other;
+//! - no partial indexes: a generated column and composite indexes (see the migration);
+//! - `GET_LOCK` for the purge leader, `DATE_FORMAT` and `TIMESTAMPDIFF` for times.
+
+use sqlx::migrate::Migrator;
+use sqlx::{MySql, Pool, Transaction};
+
+use super::postgres::select_stored;
+use super::{Backend, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql};
+
+/// `received_at` and `failed_at` as UTC text (the session's time zone is UTC).
+macro_rules! select_stored_utc {
+    () => {
+        select_stored!(
+            "DATE_FORMAT(received_at, '%Y-%m-%d %H:%i:%s'), DATE_FORMAT(failed_at, '%Y-%m-%d %H:%i:%s')"
+        )
+    };
+}
+
+/// MySQL's statements.
+const SQL: Statements = Statements {
+    messages: MessageSql {
+        claim: "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+            VALUES (?, ?, ?, ?, ?, ?, 'processed', ?, CURRENT_TIMESTAMP(6))",
+        retry_claim: Returning::ThenRead {
+            write: "UPDATE inbox_messages \
+                SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP(6) \
+                WHERE consumer = ? AND handler = ? AND message_id = ? AND status = 'failed' \
+                AND payload_hash = ? AND retry_at_ms <= ?",
+            read: "SELECT attempt_count FROM inbox_messages WHERE consumer = ? AND handler = ? AND message_id = ?",
+        },
+        seen: "SELECT payload_hash, status, retry_at_ms FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND message_id = ?",
+        insert_failure: "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, \
+             payload, headers, attempt_count, first_error, error_text, failed_at, retry_at_ms) \
+            VALUES (?, ?, ?, ?, ?, ?, 'failed', ?, ?, ?, 1, ?, ?, CURRENT_TIMESTAMP(6), ?)",
+        update_failure: Returning::ThenRead {
+            write: "UPDATE inbox_messages SET status = 'failed', attempt_count = attempt_count + 1, \
+                error_text = ?, first_error = COALESCE(first_error, ?), payload = ?, headers = ?, \
+                processed_at = NULL, failed_at = CURRENT_TIMESTAMP(6), retry_at_ms = ? \
+                WHERE consumer = ? AND handler = ? AND message_id = ? \
+                AND status IN ('failed', 'parked') AND payload_hash = ?",
+            read: "SELECT attempt_count FROM inbox_messages WHERE consumer = ? AND handler = ? AND message_id = ?",
+        },
+        schedule_retry: "UPDATE inbox_messages SET retry_at_ms = ? \
+            WHERE consumer = ? AND handler = ? AND message_id = ?",
+        check_open: "SELECT 1",
+        bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE(?, error_text), dead_reason = ? \
+            WHERE consumer = ? AND handler = ? AND message_id = ? AND status IN ('failed', 'parked')",
+        settle: "UPDATE inbox_messages \
+            SET status = ?, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP(6) \
+            WHERE consumer = ? AND handler = ? AND message_id = ?",
+        stored: "SELECT status, payload, headers FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND message_id = ?",
+        replay: "UPDATE inbox_messages SET status = 'failed', attempt_count = 0, retry_at_ms = 0, \
+            resolution = 'replayed', resolved_by = ?, resolved_reason = ?, resolved_at = CURRENT_TIMESTAMP(6) \
+            WHERE consumer = ? AND handler = ? AND message_id = ? AND status IN ('dead', 'failed')",
+        discard: "UPDATE inbox_messages SET status = 'discarded', \
+            resolution = 'discarded', resolved_by = ?, resolved_reason = ?, resolved_at = CURRENT_TIMESTAMP(6) \
+            WHERE consumer = ? AND handler = ? AND message_id = ? AND status IN ('dead', 'failed')",
+        reject: Returning::ThenRead {
+            write: "INSERT INTO inbox_rejected (consumer, message_type, delivery_id, payload, headers, reason) \
+                VALUES (?, ?, ?, ?, ?, ?)",
+            read: "SELECT CAST(LAST_INSERT_ID() AS SIGNED)",
+        },
+    },
+    streams: StreamSql {
+        advance: None,
+        lock: Returning::ThenRead {
+            write: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+                VALUES (?, ?, ?, 0) ON DUPLICATE KEY UPDATE updated_at = CURRENT_TIMESTAMP(6)",
+            read: "SELECT last_sequence FROM inbox_streams WHERE consumer = ? AND handler = ? AND aggregate_id = ?",
+        },
+        set: "UPDATE inbox_streams SET last_sequence = ?, updated_at = CURRENT_TIMESTAMP(6) \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ?",
+        park: "UPDATE inbox_messages SET status = 'parked', payload = ?, headers = ?, processed_at = NULL \
+            WHERE consumer = ? AND handler = ? AND message_id = ?",
+        next_parked: "SELECT message_id, sequence_number, payload, headers FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked' \
+            AND sequence_number <= ? ORDER BY sequence_number LIMIT 1",
+        has_parked: "SELECT COUNT(*) FROM (SELECT 1 FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked' LIMIT 1) AS parked",
+        releasable: "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
+            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+            WHERE m.consumer = ? AND m.handler = ? AND m.status = 'parked' \
+            AND m.sequence_number <= s.last_sequence + 1",
+        revive_gap_dead: "UPDATE inbox_messages SET status = 'parked', error_text = NULL, dead_reason = NULL \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'dead' \
+            AND dead_reason = 'gap_timeout'",
+        retrying_sequence: "SELECT COUNT(*) FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND sequence_number = ? AND status = 'failed'",
+        parked_range: "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked'",
+        bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = ?, dead_reason = 'gap_timeout' \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked'",
+        overdue_gaps: "SELECT m.aggregate_id FROM inbox_messages m \
+            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+            WHERE m.consumer = ? AND m.handler = ? AND m.status = 'parked' \
+            AND NOT EXISTS (SELECT 1 FROM inbox_messages p WHERE p.consumer = m.consumer \
+                AND p.handler = m.handler AND p.aggregate_id = m.aggregate_id \
+                AND p.sequence_number = s.last_sequence + 1 AND p.status = 'failed') \
+            GROUP BY m.aggregate_id, s.last_sequence \
+            HAVING MIN(m.sequence_number) > s.last_sequence + 1 \
+            AND MIN(m.received_at) < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            ORDER BY m.aggregate_id",
+    },
+    operators: OperatorSql {
+        rejected: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+            WHERE consumer = ? AND resolution IS NULL ORDER BY id",
+        rejected_one: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+            WHERE consumer = ? AND id = ? AND resolution IS NULL",
+        resolve_rejected: "UPDATE inbox_rejected \
+            SET resolution = ?, resolved_by = ?, resolved_reason = ?, resolved_at = CURRENT_TIMESTAMP(6) \
+            WHERE consumer = ? AND id = ? AND resolution IS NULL",
+        rejected_counts: "SELECT consumer, COUNT(*) FROM inbox_rejected \
+            WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer",
+        dead_letters: concat!(
+            select_stored_utc!(),
+            "WHERE consumer = ? AND status = 'dead' AND handler = COALESCE(?, handler) \
+             AND message_type = COALESCE(?, message_type) \
+             AND (? OR failed_at >= NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND) \
+             ORDER BY handler, aggregate_id, sequence_number, message_id LIMIT ? OFFSET ?"
+        ),
+        show: concat!(
+            select_stored_utc!(),
+            "WHERE consumer = ? AND handler = ? AND message_id = ?"
+        ),
+        list: concat!(
+            select_stored_utc!(),
+            "WHERE consumer = ? AND status = ? ORDER BY handler, aggregate_id, sequence_number, message_id"
+        ),
+        due_retries: "SELECT message_id FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND status = 'failed' AND retry_at_ms <= ? \
+            ORDER BY retry_at_ms LIMIT ?",
+        backlog: "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_messages \
+            WHERE consumer = ? AND status = 'parked' GROUP BY handler \
+            UNION ALL SELECT handler, 'dead' AS status, COUNT(*) FROM inbox_messages \
+            WHERE consumer = ? AND status = 'dead' GROUP BY handler",
+        status: "SELECT consumer, handler, \
+            CAST(SUM(CASE WHEN status = 'processed' THEN 1 ELSE 0 END) AS SIGNED), \
+            CAST(SUM(CASE WHEN status = 'stale' THEN 1 ELSE 0 END) AS SIGNED), \
+            CAST(SUM(CASE WHEN status = 'parked' THEN 1 ELSE 0 END) AS SIGNED), \
+            CAST(SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) AS SIGNED), \
+            CAST(SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS SIGNED), \
+            CAST(SUM(CASE WHEN status = 'discarded' THEN 1 ELSE 0 END) AS SIGNED), \
+            MAX(CASE WHEN status = 'parked' THEN TIMESTAMPDIFF(MICROSECOND, received_at, NOW(6)) / 1e6 END) \
+            FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler",
+        storage_bytes: "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
+            FROM information_schema.tables WHERE table_schema = DATABASE() \
+            AND table_name IN ('inbox_messages', 'inbox_streams', 'inbox_rejected')",
+    },
+    purge: PurgeSql {
+        preview: "SELECT \
+            (SELECT COUNT(*) FROM inbox_messages \
+             WHERE purge_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' \
+             AND received_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
+             AND COALESCE(failed_at, received_at) < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND)",
+        batch: "DELETE FROM inbox_messages \
+            WHERE purge_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            ORDER BY purge_at LIMIT ?",
+        // Named after the database, so that inboxes in other databases of a server do not contend.
+        lock: Some(
+            "SELECT CAST(COALESCE(GET_LOCK(CONCAT('inbox_purge.', DATABASE()), 0), 0) AS SIGNED)",
+        ),
+    },
+    check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
+        s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
+};
+
+impl Backend for MySql {
+    const DEFAULT_WORKERS: usize = 4;
+    const SQL: Statements = SQL;
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+    }
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn migrations() -> Migrator {
+        sqlx::migrate!("./migrations/mysql")
+    }
+
+    fn schema_sql() -> &'static str {
+        include_str!("../../migrations/mysql/0001_inbox.sql")
+    }
+}

@@ -1,0 +1,361 @@
+//! What operators list, show and resolve: dead letters, rejected deliveries, messages by status,
+//! counts by status, and the retries due.
+
+use std::time::Duration;
+
+use sqlx::Pool;
+
+use super::sql::{self, Columns, FromColumns, Param, named};
+use super::{Backend, key_params};
+use crate::envelope::Envelope;
+use crate::handler::Headers;
+use crate::keys::{DeadReason, MessageKey, MessageStatus, Resolution};
+
+/// Which dead messages to list; every field narrows the list.
+///
+/// ```
+/// use std::time::Duration;
+/// use inbox_core::DeadLetterFilter;
+///
+/// let recent_billing = DeadLetterFilter::default()
+///     .handler("mark_paid")
+///     .message_type("order.paid")
+///     .failed_within(Duration::from_secs(24 * 3600));
+/// # let _ = recent_billing;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadLetterFilter {
+    handler: Option<String>,
+    message_type: Option<String>,
+    failed_within: Option<Duration>,
+    limit: Option<i64>,
+    offset: i64,
+}
+
+impl DeadLetterFilter {
+    /// Only this handler's.
+    pub fn handler(mut self, handler: impl Into<String>) -> Self {
+        self.handler = Some(handler.into());
+        self
+    }
+
+    /// Only messages of this type tag.
+    pub fn message_type(mut self, message_type: impl Into<String>) -> Self {
+        self.message_type = Some(message_type.into());
+        self
+    }
+
+    /// Only messages whose last failure is at most this old (which leaves out parked messages
+    /// whose gap timed out: they never failed).
+    pub fn failed_within(mut self, age: Duration) -> Self {
+        self.failed_within = Some(age);
+        self
+    }
+
+    /// At most `count` messages: one page of the listing, which is in a stable order (handler,
+    /// aggregate, sequence, id), so that pages do not load every dead letter with its payload.
+    ///
+    /// ```
+    /// use inbox_core::DeadLetterFilter;
+    ///
+    /// let second_page = DeadLetterFilter::default().limit(100).offset(100);
+    /// # let _ = second_page;
+    /// ```
+    pub fn limit(mut self, count: u32) -> Self {
+        self.limit = Some(i64::from(count));
+        self
+    }
+
+    /// Skips the first `count` messages of the listing (the pages before this one).
+    pub fn offset(mut self, count: u32) -> Self {
+        self.offset = i64::from(count);
+        self
+    }
+}
+
+/// A delivery that could not be handled at all, kept with its exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedDelivery {
+    /// Its number, for operators.
+    pub id: i64,
+    /// The type tag it carried.
+    pub message_type: String,
+    /// The transport's id for the delivery.
+    pub delivery_id: String,
+    /// The payload, exactly as delivered.
+    pub payload: Vec<u8>,
+    /// The delivery's headers, as a JSON object.
+    pub headers: String,
+    /// What was wrong with it.
+    pub reason: String,
+}
+
+impl RejectedDelivery {
+    /// The delivery as it came, to dispatch it again.
+    pub fn envelope(&self) -> Result<Envelope, serde_json::Error> {
+        let headers: Headers = serde_json::from_str(&self.headers)?;
+        let envelope = Envelope::new(&self.message_type, &self.delivery_id, self.payload.clone());
+        Ok(headers
+            .into_iter()
+            .fold(envelope, |envelope, (name, value)| {
+                envelope.with_header(name, value)
+            }))
+    }
+}
+
+/// A dedup row as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// The handler (dedup scope).
+    pub handler: String,
+    /// The dedup key.
+    pub message_id: String,
+    /// The type tag.
+    pub message_type: String,
+    /// The aggregate, if any.
+    pub aggregate_id: Option<String>,
+    /// The sequence, if any.
+    pub sequence_number: Option<i64>,
+    /// Where it stands.
+    pub status: MessageStatus,
+    /// The first error, for a message that failed.
+    pub first_error: Option<String>,
+    /// The last error, for a failed or dead message (or why a parked one is dead).
+    pub error_text: Option<String>,
+    /// How many attempts failed.
+    pub attempt_count: i32,
+    /// The canonical JSON encoding of the message, kept while it is parked, failed, dead or
+    /// discarded.
+    pub payload: Option<Vec<u8>>,
+    /// What an operator did about it: `replayed` or `discarded`.
+    pub resolution: Option<String>,
+    /// Who did it.
+    pub resolved_by: Option<String>,
+    /// Why.
+    pub resolved_reason: Option<String>,
+    /// Why it is dead, if it is.
+    pub dead_reason: Option<DeadReason>,
+    /// When it was first received, in UTC (`YYYY-MM-DD HH:MM:SS`).
+    pub received_at: String,
+    /// When its last attempt failed, in UTC (`YYYY-MM-DD HH:MM:SS`), if one did.
+    pub failed_at: Option<String>,
+}
+
+/// The dedup rows of one handler of one consumer, by status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandlerStatus {
+    /// The consumer group.
+    pub consumer: String,
+    /// The handler (dedup scope).
+    pub handler: String,
+    /// Handled.
+    pub processed: i64,
+    /// Skipped as older than their aggregate's last applied sequence.
+    pub stale: i64,
+    /// Waiting for a predecessor (strict ordering).
+    pub parked: i64,
+    /// Failed, to be retried.
+    pub failed: i64,
+    /// Given up on: dead letters.
+    pub dead: i64,
+    /// Dead letters an operator discarded.
+    pub discarded: i64,
+    /// How long the oldest parked message has waited, in seconds.
+    pub oldest_parked_secs: Option<f64>,
+}
+
+impl FromColumns for RejectedDelivery {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(RejectedDelivery {
+            id: row.int(0)?,
+            message_type: row.text(1)?,
+            delivery_id: row.text(2)?,
+            payload: row.maybe_bytes(3)?.unwrap_or_default(),
+            headers: row.text(4)?,
+            reason: row.text(5)?,
+        })
+    }
+}
+
+impl FromColumns for StoredMessage {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        let dead_reason = match row.maybe_text(13)? {
+            Some(_) => Some(named(row, 13, DeadReason::parse)?),
+            None => None,
+        };
+        Ok(StoredMessage {
+            handler: row.text(0)?,
+            message_id: row.text(1)?,
+            message_type: row.text(2)?,
+            aggregate_id: row.maybe_text(3)?,
+            sequence_number: row.maybe_int(4)?,
+            status: named(row, 5, MessageStatus::parse)?,
+            first_error: row.maybe_text(6)?,
+            error_text: row.maybe_text(7)?,
+            attempt_count: row.int32(8)?,
+            payload: row.maybe_bytes(9)?,
+            resolution: row.maybe_text(10)?,
+            resolved_by: row.maybe_text(11)?,
+            resolved_reason: row.maybe_text(12)?,
+            dead_reason,
+            received_at: row.text(14)?,
+            failed_at: row.maybe_text(15)?,
+        })
+    }
+}
+
+impl FromColumns for HandlerStatus {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(HandlerStatus {
+            consumer: row.text(0)?,
+            handler: row.text(1)?,
+            processed: row.int(2)?,
+            stale: row.int(3)?,
+            parked: row.int(4)?,
+            failed: row.int(5)?,
+            dead: row.int(6)?,
+            discarded: row.int(7)?,
+            oldest_parked_secs: row.maybe_real(8)?,
+        })
+    }
+}
+
+/// The rejected deliveries of `consumer` that no operator has resolved, oldest first.
+pub async fn rejected<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+) -> Result<Vec<RejectedDelivery>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let params = [Param::Text(consumer)];
+    sql::fetch_all::<DB, RejectedDelivery>(&mut conn, DB::SQL.operators.rejected, &params).await
+}
+
+/// Rejected delivery `id` of `consumer`, if no operator has resolved it.
+pub async fn rejected_one<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    id: i64,
+) -> Result<Option<RejectedDelivery>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let params = [Param::Text(consumer), Param::Int(id)];
+    sql::fetch_optional::<DB, RejectedDelivery>(&mut conn, DB::SQL.operators.rejected_one, &params)
+        .await
+}
+
+/// Records that an operator replayed or discarded a rejected delivery. Returns `false` if it
+/// does not exist or was resolved already.
+pub async fn resolve_rejected<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    id: i64,
+    resolution: &Resolution<'_>,
+) -> Result<bool, sqlx::Error> {
+    let action = if resolution.replay {
+        "replayed"
+    } else {
+        "discarded"
+    };
+    let params = [
+        Param::Text(action),
+        Param::Text(resolution.by),
+        Param::Text(resolution.reason),
+        Param::Text(consumer),
+        Param::Int(id),
+    ];
+    let mut conn = pool.acquire().await?;
+    let resolved =
+        sql::execute::<DB>(&mut conn, DB::SQL.operators.resolve_rejected, &params).await?;
+    Ok(resolved == 1)
+}
+
+/// The dead messages of `consumer` that match `filter`, by handler, aggregate and sequence.
+pub async fn dead_letters<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    filter: &DeadLetterFilter,
+) -> Result<Vec<StoredMessage>, sqlx::Error> {
+    let within = filter.failed_within.map(|age| age.as_secs_f64());
+    let params = [
+        Param::Text(consumer),
+        Param::MaybeText(filter.handler.as_deref()),
+        Param::MaybeText(filter.message_type.as_deref()),
+        Param::Flag(within.is_none()),
+        Param::Real(within.unwrap_or(0.0)),
+        Param::Int(filter.limit.unwrap_or(i64::MAX)),
+        Param::Int(filter.offset),
+    ];
+    let mut conn = pool.acquire().await?;
+    sql::fetch_all::<DB, StoredMessage>(&mut conn, DB::SQL.operators.dead_letters, &params).await
+}
+
+/// One dedup row, as operators see it.
+pub async fn show<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+) -> Result<Option<StoredMessage>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_optional::<DB, StoredMessage>(&mut conn, DB::SQL.operators.show, &key_params(key))
+        .await
+}
+
+/// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.
+pub async fn list<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    status: MessageStatus,
+) -> Result<Vec<StoredMessage>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let params = [Param::Text(consumer), Param::Text(status.as_str())];
+    sql::fetch_all::<DB, StoredMessage>(&mut conn, DB::SQL.operators.list, &params).await
+}
+
+/// The `failed` messages of `handler` whose next attempt is due at `now_ms` (Unix epoch
+/// milliseconds), soonest first; at most `limit`. Replays an operator requested are due at
+/// once.
+pub async fn due_retries<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &str,
+    now_ms: i64,
+    limit: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    let params = [
+        Param::Text(consumer),
+        Param::Text(handler),
+        Param::Int(now_ms),
+        Param::Int(limit),
+    ];
+    let mut conn = pool.acquire().await?;
+    sql::fetch_all::<DB, String>(&mut conn, DB::SQL.operators.due_retries, &params).await
+}
+
+/// `(handler, status, count)` of the parked and dead messages of `consumer`.
+pub async fn backlog<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let params = [Param::Text(consumer), Param::Text(consumer)];
+    sql::fetch_all::<DB, _>(&mut conn, DB::SQL.operators.backlog, &params).await
+}
+
+/// The dedup rows of every consumer and handler, by status.
+pub async fn status<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<HandlerStatus>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_all::<DB, HandlerStatus>(&mut conn, DB::SQL.operators.status, &[]).await
+}
+
+/// `(consumer, deliveries)` of the rejected deliveries no operator resolved yet.
+pub async fn rejected_counts<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_all::<DB, _>(&mut conn, DB::SQL.operators.rejected_counts, &[]).await
+}
+
+/// The space the inbox takes, in bytes (PostgreSQL, MySQL: its tables with their indexes;
+/// SQLite: the whole database file).
+pub async fn storage_bytes<DB: Backend>(pool: &Pool<DB>) -> Result<i64, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_one::<DB, i64>(&mut conn, DB::SQL.operators.storage_bytes, &[]).await
+}

@@ -1,0 +1,220 @@
+//! PostgreSQL: `READ COMMITTED`, upserts with `ON CONFLICT`, `RETURNING`, partial indexes, and
+//! an advisory lock for the purge leader. SQLite speaks most of this dialect too (see
+//! `sqlite.rs`, which names only what it says differently).
+
+use sqlx::migrate::Migrator;
+use sqlx::{Pool, Postgres, Transaction};
+
+use super::{Backend, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql};
+
+/// The columns of a `StoredMessage`, with `received_at` and `failed_at` as UTC text.
+macro_rules! select_stored {
+    ($times:literal) => {
+        concat!(
+            "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, \
+             first_error, error_text, attempt_count, payload, resolution, resolved_by, \
+             resolved_reason, dead_reason, ",
+            $times,
+            " FROM inbox_messages "
+        )
+    };
+}
+pub(super) use select_stored;
+
+/// `received_at` and `failed_at` as UTC text.
+macro_rules! select_stored_utc {
+    () => {
+        select_stored!(
+            "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), \
+             to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
+        )
+    };
+}
+
+/// PostgreSQL's statements.
+pub(super) const SQL: Statements = Statements {
+    messages: MessageSql {
+        claim: "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+            VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
+            ON CONFLICT (consumer, handler, message_id) DO NOTHING",
+        retry_claim: Returning::Inline(
+            "UPDATE inbox_messages \
+            SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
+            WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND status = 'failed' \
+            AND payload_hash = $4 AND retry_at_ms <= $5 RETURNING attempt_count",
+        ),
+        seen: "SELECT payload_hash, status, retry_at_ms FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND message_id = $3",
+        insert_failure: "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, \
+             payload, headers, attempt_count, first_error, error_text, failed_at, retry_at_ms) \
+            VALUES ($1, $2, $3, $4, $5, $6, 'failed', $7, $8, $9, 1, $10, $11, CURRENT_TIMESTAMP, $12) \
+            ON CONFLICT (consumer, handler, message_id) DO NOTHING",
+        update_failure: Returning::Inline(
+            "UPDATE inbox_messages SET status = 'failed', attempt_count = attempt_count + 1, \
+            error_text = $1, first_error = COALESCE(first_error, $2), payload = $3, headers = $4, \
+            processed_at = NULL, failed_at = CURRENT_TIMESTAMP, retry_at_ms = $5 \
+            WHERE consumer = $6 AND handler = $7 AND message_id = $8 \
+            AND status IN ('failed', 'parked') AND payload_hash = $9 RETURNING attempt_count",
+        ),
+        schedule_retry: "UPDATE inbox_messages SET retry_at_ms = $1 \
+            WHERE consumer = $2 AND handler = $3 AND message_id = $4",
+        check_open: "SELECT 1",
+        bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($1, error_text), dead_reason = $2 \
+            WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('failed', 'parked')",
+        settle: "UPDATE inbox_messages \
+            SET status = $1, payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
+            WHERE consumer = $2 AND handler = $3 AND message_id = $4",
+        stored: "SELECT status, payload, headers FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND message_id = $3",
+        replay: "UPDATE inbox_messages SET status = 'failed', attempt_count = 0, retry_at_ms = 0, \
+            resolution = 'replayed', resolved_by = $1, resolved_reason = $2, resolved_at = CURRENT_TIMESTAMP \
+            WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('dead', 'failed')",
+        discard: "UPDATE inbox_messages SET status = 'discarded', \
+            resolution = 'discarded', resolved_by = $1, resolved_reason = $2, resolved_at = CURRENT_TIMESTAMP \
+            WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('dead', 'failed')",
+        reject: Returning::Inline(
+            "INSERT INTO inbox_rejected (consumer, message_type, delivery_id, payload, headers, reason) \
+            VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        ),
+    },
+    streams: StreamSql {
+        advance: Some(
+            "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+            VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, handler, aggregate_id) \
+            DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
+            WHERE inbox_streams.last_sequence < excluded.last_sequence",
+        ),
+        lock: Returning::Inline(
+            "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+            VALUES ($1, $2, $3, 0) ON CONFLICT (consumer, handler, aggregate_id) \
+            DO UPDATE SET updated_at = CURRENT_TIMESTAMP RETURNING last_sequence",
+        ),
+        set: "UPDATE inbox_streams SET last_sequence = $1, updated_at = CURRENT_TIMESTAMP \
+            WHERE consumer = $2 AND handler = $3 AND aggregate_id = $4",
+        park: "UPDATE inbox_messages SET status = 'parked', payload = $1, headers = $2, processed_at = NULL \
+            WHERE consumer = $3 AND handler = $4 AND message_id = $5",
+        next_parked: "SELECT message_id, sequence_number, payload, headers FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked' \
+            AND sequence_number <= $4 ORDER BY sequence_number LIMIT 1",
+        has_parked: "SELECT COUNT(*) FROM (SELECT 1 FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked' LIMIT 1) AS parked",
+        releasable: "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
+            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+            WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
+            AND m.sequence_number <= s.last_sequence + 1",
+        revive_gap_dead: "UPDATE inbox_messages SET status = 'parked', error_text = NULL, dead_reason = NULL \
+            WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'dead' \
+            AND dead_reason = 'gap_timeout'",
+        retrying_sequence: "SELECT COUNT(*) FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND sequence_number = $4 AND status = 'failed'",
+        parked_range: "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'",
+        bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = $1, dead_reason = 'gap_timeout' \
+            WHERE consumer = $2 AND handler = $3 AND aggregate_id = $4 AND status = 'parked'",
+        overdue_gaps: "SELECT m.aggregate_id FROM inbox_messages m \
+            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+            WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
+            AND NOT EXISTS (SELECT 1 FROM inbox_messages p WHERE p.consumer = m.consumer \
+                AND p.handler = m.handler AND p.aggregate_id = m.aggregate_id \
+                AND p.sequence_number = s.last_sequence + 1 AND p.status = 'failed') \
+            GROUP BY m.aggregate_id, s.last_sequence \
+            HAVING MIN(m.sequence_number) > s.last_sequence + 1 \
+            AND MIN(m.received_at) < now() - make_interval(secs => $3) ORDER BY m.aggregate_id",
+    },
+    operators: OperatorSql {
+        rejected: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+            WHERE consumer = $1 AND resolution IS NULL ORDER BY id",
+        rejected_one: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+            WHERE consumer = $1 AND id = $2 AND resolution IS NULL",
+        resolve_rejected: "UPDATE inbox_rejected \
+            SET resolution = $1, resolved_by = $2, resolved_reason = $3, resolved_at = CURRENT_TIMESTAMP \
+            WHERE consumer = $4 AND id = $5 AND resolution IS NULL",
+        rejected_counts: "SELECT consumer, COUNT(*) FROM inbox_rejected \
+            WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer",
+        dead_letters: concat!(
+            select_stored_utc!(),
+            "WHERE consumer = $1 AND status = 'dead' AND handler = COALESCE($2, handler) \
+             AND message_type = COALESCE($3, message_type) \
+             AND ($4 OR failed_at >= now() - make_interval(secs => $5)) \
+             ORDER BY handler, aggregate_id, sequence_number, message_id LIMIT $6 OFFSET $7"
+        ),
+        show: concat!(
+            select_stored_utc!(),
+            "WHERE consumer = $1 AND handler = $2 AND message_id = $3"
+        ),
+        list: concat!(
+            select_stored_utc!(),
+            "WHERE consumer = $1 AND status = $2 ORDER BY handler, aggregate_id, sequence_number, message_id"
+        ),
+        due_retries: "SELECT message_id FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND status = 'failed' AND retry_at_ms <= $3 \
+            ORDER BY retry_at_ms LIMIT $4",
+        // One query per status, so each runs on its partial index: this runs on every sweep.
+        backlog: "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_messages \
+            WHERE consumer = $1 AND status = 'parked' GROUP BY handler \
+            UNION ALL SELECT handler, 'dead' AS status, COUNT(*) FROM inbox_messages \
+            WHERE consumer = $2 AND status = 'dead' GROUP BY handler",
+        status: "SELECT consumer, handler, \
+            SUM(CASE WHEN status = 'processed' THEN 1 ELSE 0 END)::int8, \
+            SUM(CASE WHEN status = 'stale' THEN 1 ELSE 0 END)::int8, \
+            SUM(CASE WHEN status = 'parked' THEN 1 ELSE 0 END)::int8, \
+            SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END)::int8, \
+            SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END)::int8, \
+            SUM(CASE WHEN status = 'discarded' THEN 1 ELSE 0 END)::int8, \
+            MAX(CASE WHEN status = 'parked' THEN EXTRACT(EPOCH FROM now() - received_at)::float8 END) \
+            FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler",
+        storage_bytes: "SELECT (pg_total_relation_size('inbox_messages') + pg_total_relation_size('inbox_streams') \
+            + pg_total_relation_size('inbox_rejected'))::int8",
+    },
+    purge: PurgeSql {
+        preview: "SELECT \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status IN ('processed', 'stale') \
+             AND processed_at < now() - make_interval(secs => $1)), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' \
+             AND received_at < now() - make_interval(secs => $2)), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
+             AND COALESCE(failed_at, received_at) < now() - make_interval(secs => $3))",
+        // By physical row id: a join on the key would scan the table once per batch.
+        batch: "DELETE FROM inbox_messages WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_messages \
+            WHERE status IN ('processed', 'stale') AND processed_at < now() - make_interval(secs => $1) \
+            ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+        // The lock's first key is "inbx"; the second, the inbox table's oid, so that schemas
+        // sharing a database do not contend.
+        lock: Some(
+            "SELECT (CASE WHEN pg_try_advisory_lock(1768841848, 'inbox_messages'::regclass::oid::int4) \
+            THEN 1 ELSE 0 END)::int8",
+        ),
+    },
+    check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
+        s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
+};
+
+impl Backend for Postgres {
+    const DEFAULT_WORKERS: usize = 4;
+    const SQL: Statements = SQL;
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+    }
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn migrations() -> Migrator {
+        sqlx::migrate!("./migrations/postgres")
+    }
+
+    fn schema_sql() -> &'static str {
+        concat!(
+            include_str!("../../migrations/postgres/0001_inbox.sql"),
+            include_str!("../../migrations/postgres/0002_strict_ordering.sql"),
+            include_str!("../../migrations/postgres/0003_failures.sql"),
+            include_str!("../../migrations/postgres/0004_operations.sql"),
+            include_str!("../../migrations/postgres/0005_retries.sql"),
+        )
+    }
+}

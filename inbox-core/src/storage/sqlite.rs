@@ -1,0 +1,123 @@
+//! SQLite: PostgreSQL's statements (it has `ON CONFLICT`, `RETURNING` and partial indexes too),
+//! except for time arithmetic, the indexes it must be told to use (without statistics it would
+//! rather walk the primary key of the consumer), the purge's row ids, and the file it lives in.
+//! Transactions begin `IMMEDIATE`, taking the one write lock up front.
+
+use sqlx::migrate::Migrator;
+use sqlx::{Pool, Sqlite, Transaction};
+
+use super::postgres::{self, select_stored};
+use super::{Backend, OperatorSql, PurgeSql, Statements, StreamSql};
+
+/// SQLite's statements.
+const SQL: Statements = Statements {
+    streams: StreamSql {
+        overdue_gaps: "SELECT m.aggregate_id FROM inbox_messages m \
+            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
+            WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
+            AND NOT EXISTS (SELECT 1 FROM inbox_messages p WHERE p.consumer = m.consumer \
+                AND p.handler = m.handler AND p.aggregate_id = m.aggregate_id \
+                AND p.sequence_number = s.last_sequence + 1 AND p.status = 'failed') \
+            GROUP BY m.aggregate_id, s.last_sequence \
+            HAVING MIN(m.sequence_number) > s.last_sequence + 1 \
+            AND MIN(m.received_at) < datetime('now', '-' || $3 || ' seconds') ORDER BY m.aggregate_id",
+        ..postgres::SQL.streams
+    },
+    operators: OperatorSql {
+        dead_letters: concat!(
+            select_stored!("received_at, failed_at"),
+            "WHERE consumer = $1 AND status = 'dead' AND handler = COALESCE($2, handler) \
+             AND message_type = COALESCE($3, message_type) \
+             AND ($4 OR failed_at >= datetime('now', '-' || $5 || ' seconds')) \
+             ORDER BY handler, aggregate_id, sequence_number, message_id LIMIT $6 OFFSET $7"
+        ),
+        show: concat!(
+            select_stored!("received_at, failed_at"),
+            "WHERE consumer = $1 AND handler = $2 AND message_id = $3"
+        ),
+        list: concat!(
+            select_stored!("received_at, failed_at"),
+            "WHERE consumer = $1 AND status = $2 ORDER BY handler, aggregate_id, sequence_number, message_id"
+        ),
+        due_retries: "SELECT message_id FROM inbox_messages INDEXED BY inbox_messages_retry_due \
+            WHERE consumer = $1 AND handler = $2 AND status = 'failed' AND retry_at_ms <= $3 \
+            ORDER BY retry_at_ms LIMIT $4",
+        backlog: "SELECT handler, 'parked' AS status, COUNT(*) FROM inbox_messages INDEXED BY inbox_messages_parked \
+            WHERE consumer = $1 AND status = 'parked' GROUP BY handler \
+            UNION ALL SELECT handler, 'dead' AS status, COUNT(*) FROM inbox_messages \
+            WHERE consumer = $2 AND status = 'dead' GROUP BY handler",
+        status: "SELECT consumer, handler, \
+            SUM(CASE WHEN status = 'processed' THEN 1 ELSE 0 END), \
+            SUM(CASE WHEN status = 'stale' THEN 1 ELSE 0 END), \
+            SUM(CASE WHEN status = 'parked' THEN 1 ELSE 0 END), \
+            SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END), \
+            SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END), \
+            SUM(CASE WHEN status = 'discarded' THEN 1 ELSE 0 END), \
+            MAX(CASE WHEN status = 'parked' THEN (julianday('now') - julianday(received_at)) * 86400.0 END) \
+            FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler",
+        storage_bytes: "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+        ..postgres::SQL.operators
+    },
+    purge: PurgeSql {
+        preview: "SELECT \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status IN ('processed', 'stale') \
+             AND processed_at < datetime('now', '-' || $1 || ' seconds')), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' \
+             AND received_at < datetime('now', '-' || $2 || ' seconds')), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
+             AND COALESCE(failed_at, received_at) < datetime('now', '-' || $3 || ' seconds'))",
+        batch: "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN \
+            (SELECT consumer, handler, message_id FROM inbox_messages \
+            WHERE status IN ('processed', 'stale') AND processed_at < datetime('now', '-' || $1 || ' seconds') \
+            ORDER BY processed_at LIMIT $2)",
+        lock: None,
+    },
+    ..postgres::SQL
+};
+
+impl Backend for Sqlite {
+    const DEFAULT_WORKERS: usize = 1;
+    const SQL: Statements = SQL;
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn migrations() -> Migrator {
+        sqlx::migrate!("./migrations/sqlite")
+    }
+
+    fn schema_sql() -> &'static str {
+        concat!(
+            include_str!("../../migrations/sqlite/0001_inbox.sql"),
+            include_str!("../../migrations/sqlite/0002_strict_ordering.sql"),
+            include_str!("../../migrations/sqlite/0003_failures.sql"),
+            include_str!("../../migrations/sqlite/0004_operations.sql"),
+            include_str!("../../migrations/sqlite/0005_retries.sql"),
+        )
+    }
+}
+
+/// Connection options for an embedded SQLite database as the inbox wants it: write-ahead log,
+/// `synchronous = FULL` (a commit is on disk before the delivery is acknowledged), a busy timeout
+/// so concurrent writers wait instead of failing, and the file created if missing.
+///
+/// ```
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::SqlitePool::connect_with(inbox_core::sqlite_options("sqlite://app.db")?).await?;
+/// # Ok(()) }
+/// ```
+pub fn sqlite_options(url: &str) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use std::str::FromStr;
+
+    Ok(SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(std::time::Duration::from_secs(30)))
+}
