@@ -82,6 +82,7 @@
 //! ```
 //!
 //! The first parameter names the database: `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`,
+//! `&mut sqlx::MySqlConnection` (feature `mysql`),
 //! `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>` (the transaction plus the
 //! message's metadata). A handler may also take only the message. The annotated name stays callable
 //! as the plain, unguarded function for unit tests, and is a value implementing [`Handler`] for

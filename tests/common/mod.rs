@@ -54,6 +54,28 @@ fn unique(test: &str) -> String {
 pub mod ledger;
 pub mod queries;
 
+/// Runs a behaviour suite on every backend: `$suite!(database, connection, connect)` in a module
+/// named after each. Adding a database is one line here (and its `connect` function below).
+#[allow(unused_macros)]
+macro_rules! on_every_backend {
+    ($suite:ident) => {
+        mod sqlite {
+            $suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+        }
+
+        mod postgres {
+            $suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+        }
+
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $suite!(sqlx::MySql, sqlx::MySqlConnection, crate::common::mysql);
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_every_backend;
+
 /// A migrated SQLite database in a new file (always available; `Option` to match [`postgres`]).
 pub async fn sqlite(test: &str) -> Option<SqlitePool> {
     let pool = sqlite_without_schema(test).await;
