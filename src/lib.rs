@@ -86,7 +86,7 @@
 //! `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>` (the transaction plus the
 //! message's metadata). A handler may also take only the message. The annotated name stays callable
 //! as the plain, unguarded function for unit tests, and is a value implementing [`Handler`] for
-//! [`Handler::process`] and [`Inbox::builder`].
+//! [`Process::process`] and [`Inbox::builder`].
 #![warn(missing_docs)]
 
 pub use inbox_core::storage;
@@ -94,7 +94,7 @@ pub use inbox_core::{
     Backend, Context, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT,
     DatabaseHandle, DeadLetterFilter, DeadReason, Envelope, Error, ExpiredGap, Handler,
     HandlerError, HandlerStatus, Headers, Identifier, Identity, MAX_ID_LEN, MAX_SEQUENCE,
-    MIGRATIONS_TABLE, Message, MessageKey, MessageStatus, Ordering, Outcome, PurgeLeader,
+    MIGRATIONS_TABLE, Message, MessageKey, MessageStatus, Ordering, Outcome, Process, PurgeLeader,
     PurgePreview, PurgeReport, RELEASES_PER_MESSAGE, RejectedDelivery, Retention, RetryPolicy,
     SequenceNumber, Status, StoredMessage, Stream, migrate, open_gap, purge, purge_preview,
     request_replay, schema, sqlite_options, status,
@@ -105,7 +105,7 @@ pub use inbox_runtime::*;
 /// Everything a handler module needs: `use inbox::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Context, Envelope, Handler, HandlerError, Inbox, Message, Outcome, RetryPolicy,
+        Context, Envelope, Handler, HandlerError, Inbox, Message, Outcome, Process, RetryPolicy,
         inbox_handler,
     };
     pub use serde::{Deserialize, Serialize};

@@ -81,7 +81,7 @@ impl<'t, DB: Database> Context<'t, DB> {
         self.attempt
     }
 
-    /// The transport headers of the delivery (empty for `Handler::process`).
+    /// The transport headers of the delivery (empty for `Process::process`).
     pub fn headers(&self) -> &BTreeMap<String, String> {
         self.headers
     }

@@ -14,9 +14,11 @@ use sqlx::{Pool, Transaction};
 
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
-use crate::handler::{Handler, Headers, Ordering};
+use crate::handler::Handler;
 use crate::identity::Identity;
-use crate::keys::{Claim, Failure, MessageKey, MessageStatus, Resolution, Stream};
+use crate::keys::{
+    Claim, Failure, Headers, MessageKey, MessageStatus, Ordering, Resolution, Stream,
+};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
@@ -215,8 +217,8 @@ fn content_hash(payload: &[u8]) -> Vec<u8> {
     }
 }
 
-/// The bytes [`Handler::process`] guards a message by, when it was not delivered as bytes: its
-/// canonical JSON form, as [`content_hash`] takes it.
+/// The bytes [`Process::process`](crate::Process::process) guards a message by, when it was not
+/// delivered as bytes: its canonical JSON form, as [`content_hash`] takes it.
 pub(crate) fn canonical_payload<M: Message>(message: &M) -> Result<Vec<u8>, Error> {
     let document = serde_json::to_value(message).map_err(|e| Error::Encode(e.to_string()))?;
     Ok(canonical_json(document))
@@ -287,7 +289,7 @@ fn outcome_label(guarded: &Result<Outcome, Error>) -> &'static str {
 
 fn headers_json(headers: Option<&Headers>) -> String {
     headers
-        .map(crate::handler::headers_to_json)
+        .map(crate::keys::headers_to_json)
         .unwrap_or_else(|| "{}".to_owned())
 }
 

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 use crate::error::Error;
-use crate::handler::Ordering;
+use crate::keys::Ordering;
 
 /// The longest message id or aggregate id the inbox accepts, in bytes.
 pub const MAX_ID_LEN: usize = 512;

@@ -1,8 +1,11 @@
-//! The words the guard and its storage share: the keys of a dedup row and of an ordering stream,
-//! what a claim records, and the statuses a message moves through. A leaf: it imports nothing of
+//! The words the guard, the handlers and the storage share: the keys of a dedup row and of an
+//! ordering stream, what a claim records, the statuses a message moves through, how a handler
+//! orders its sequences, and a delivery's headers. A leaf: it imports nothing of
 //! the crate, so every other module can depend on it.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 /// What the guard records when it first sees a message.
 #[derive(Debug, Clone, Copy)]
@@ -189,4 +192,27 @@ impl fmt::Display for DeadReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// How the ordering guard treats sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// Newer sequences apply, gaps are allowed; a sequence not newer than the last applied one is
+    /// stale.
+    Monotonic,
+    /// Sequences apply contiguously, from 1: a message whose predecessor has not applied is parked
+    /// until it has, or marked dead after `gap_timeout`.
+    Strict {
+        /// How long a parked message waits for its missing predecessor.
+        gap_timeout: Duration,
+    },
+}
+
+/// Headers of the delivery that carried a message, passed to the handler's [`Context`].
+pub type Headers = BTreeMap<String, String>;
+
+/// Headers as the JSON object they are stored as.
+pub(crate) fn headers_to_json(headers: &Headers) -> String {
+    // A map of strings always encodes; the fallback only keeps this total.
+    serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
 }

@@ -12,6 +12,7 @@ mod identity;
 mod keys;
 mod message;
 mod outcome;
+mod process;
 mod retention;
 mod retry;
 mod status;
@@ -25,13 +26,14 @@ pub use guard::{
     ExpiredGap, Guarded, RELEASES_PER_MESSAGE, Received, discard, expire_gaps, open_gap, process,
     release, replay, request_replay, resume, retry_due, skip_gap,
 };
-pub use handler::{
-    DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult, Headers, Ordering,
-};
+pub use handler::{DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult};
 pub use identity::{Identity, MAX_ID_LEN, MAX_SEQUENCE};
-pub use keys::{Claim, DeadReason, Failure, MessageKey, MessageStatus, Resolution, Stream};
+pub use keys::{
+    Claim, DeadReason, Failure, Headers, MessageKey, MessageStatus, Ordering, Resolution, Stream,
+};
 pub use message::{Identifier, Message, SequenceNumber};
 pub use outcome::Outcome;
+pub use process::Process;
 pub use retention::{PurgeReport, Retention, purge, purge_preview};
 pub use retry::{DEFAULT_ATTEMPT_TIMEOUT, RetryPolicy};
 pub use status::{Status, status};

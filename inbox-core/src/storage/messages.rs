@@ -4,7 +4,7 @@
 use sqlx::{Pool, Transaction};
 
 use super::sql::{self, Columns, FromColumns, Param, named};
-use super::{Backend, insert_unless_there, key_params, returning};
+use super::{Backend, Returning, insert_unless_there, key_params, returning};
 use crate::envelope::Envelope;
 use crate::keys::{Claim, DeadReason, Failure, MessageKey, MessageStatus, Resolution};
 use crate::text::storable_text;
@@ -126,16 +126,9 @@ async fn try_claim<DB: Backend>(
         Param::Bytes(claim.payload_hash),
         Param::Int(claim.now_ms),
     ];
-    let failed: Option<i32> = returning::<DB, _>(
-        sql::conn(tx),
-        sql.retry_claim,
-        &write,
-        &key_params(&claim.key()),
-    )
-    .await?;
-    match failed {
+    match failed_attempts(tx, sql.retry_claim, &write, &claim.key()).await? {
         Some(failed) => Ok(Some(Claimed::Retry {
-            attempt: u32::try_from(failed).unwrap_or(0) + 1,
+            attempt: failed + 1,
         })),
         None => Ok(seen(tx, &claim.key()).await?.map(Claimed::Seen)),
     }
@@ -197,13 +190,19 @@ pub async fn record_failure<DB: Backend>(
         message_id,
         hash,
     ];
-    let failed: Option<i32> = returning::<DB, _>(
-        sql::conn(tx),
-        sql.update_failure,
-        &again,
-        &key_params(&claim.key()),
-    )
-    .await?;
+    failed_attempts(tx, sql.update_failure, &again, &claim.key()).await
+}
+
+/// Runs a write on a dedup row that leaves its `attempt_count` to read: the failed attempts it
+/// counts, or `None` if the write touched no row.
+async fn failed_attempts<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    statement: Returning,
+    write: &[Param<'_>],
+    key: &MessageKey<'_>,
+) -> Result<Option<u32>, sqlx::Error> {
+    let failed: Option<i32> =
+        returning::<DB, _>(sql::conn(tx), statement, write, &key_params(key)).await?;
     Ok(failed.map(|failed| u32::try_from(failed).unwrap_or(0)))
 }
 
@@ -310,7 +309,7 @@ pub async fn reject<DB: Backend>(
     envelope: &Envelope,
     reason: &str,
 ) -> Result<i64, sqlx::Error> {
-    let headers = crate::handler::headers_to_json(envelope.headers());
+    let headers = crate::keys::headers_to_json(envelope.headers());
     let (message_type, id, reason) = (
         storable_text(envelope.message_type()),
         storable_text(envelope.id()),

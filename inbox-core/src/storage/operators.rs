@@ -8,8 +8,7 @@ use sqlx::Pool;
 use super::sql::{self, Columns, FromColumns, Param, named};
 use super::{Backend, key_params};
 use crate::envelope::Envelope;
-use crate::handler::Headers;
-use crate::keys::{DeadReason, MessageKey, MessageStatus, Resolution};
+use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution};
 
 /// Which dead messages to list; every field narrows the list.
 ///
