@@ -208,7 +208,7 @@ pub enum Ordering {
     },
 }
 
-/// Headers of the delivery that carried a message, passed to the handler's [`Context`].
+/// Headers of the delivery that carried a message, passed to the handler's [`Context`](crate::Context).
 pub type Headers = BTreeMap<String, String>;
 
 /// Headers as the JSON object they are stored as.

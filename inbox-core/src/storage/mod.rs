@@ -101,68 +101,100 @@ pub struct Statements {
 
 /// The statements on dedup rows.
 #[derive(Debug, Clone, Copy)]
-#[allow(missing_docs)]
 pub struct MessageSql {
     /// Inserts a `processed` row; a row already there is left alone (no row written, or a
-    /// unique violation, which the caller takes as the same answer).
+    /// unique violation, which the caller takes as the same answer) ([`messages::claim`]).
     pub claim: &'static str,
+    /// Takes a due `failed` row of the same content for its next attempt; gives its attempt count ([`messages::claim`]).
     pub retry_claim: Returning,
+    /// Reads a dedup row's hash, status and retry time ([`messages::seen`]).
     pub seen: &'static str,
+    /// Inserts the `failed` row of a first failure, unless a row is there ([`messages::record_failure`]).
     pub insert_failure: &'static str,
+    /// Counts one more failure on a `failed` or `parked` row of the same content ([`messages::record_failure`]).
     pub update_failure: Returning,
+    /// Sets when a failed message is due ([`messages::schedule_retry`]).
     pub schedule_retry: &'static str,
+    /// A statement that fails on a transaction that can no longer commit ([`messages::check_open`]).
     pub check_open: &'static str,
+    /// Marks a failed or parked message dead ([`messages::bury`]).
     pub bury: &'static str,
+    /// Sets a row `processed` or `stale`, dropping its payload ([`messages::settle`]).
     pub settle: &'static str,
+    /// Reads a row's status, payload and headers ([`messages::stored`]).
     pub stored: &'static str,
+    /// An operator's replay of a dead or failed message ([`messages::resolve`]).
     pub replay: &'static str,
+    /// An operator's discard of a dead or failed message ([`messages::resolve`]).
     pub discard: &'static str,
+    /// Keeps a delivery that could not be handled; gives its number ([`messages::reject`]).
     pub reject: Returning,
 }
 
 /// The statements on stream rows and parked messages.
 #[derive(Debug, Clone, Copy)]
-#[allow(missing_docs)]
 pub struct StreamSql {
     /// Creates or advances the stream in one statement, writing a row only when the sequence is
     /// newer; `None` where the database cannot say which (MySQL): then the stream is locked,
     /// compared and set.
     pub advance: Option<&'static str>,
+    /// Locks the stream row, creating it at 0; gives the last applied sequence ([`streams::lock`]).
     pub lock: Returning,
+    /// Moves a locked stream ([`streams::set`]).
     pub set: &'static str,
+    /// Parks a claimed message with its payload ([`streams::park`]).
     pub park: &'static str,
+    /// A stream's lowest parked message up to a sequence ([`streams::next_parked`]).
     pub next_parked: &'static str,
+    /// Whether a stream has parked messages ([`streams::has_parked`]).
     pub has_parked: &'static str,
+    /// A handler's aggregates with a parked message that can apply ([`streams::releasable`]).
     pub releasable: &'static str,
+    /// Parks again what a gap timeout buried ([`streams::skip_gap`]).
     pub revive_gap_dead: &'static str,
+    /// Whether a stream's missing sequence is there, `failed` ([`streams::bury_gap`]).
     pub retrying_sequence: &'static str,
+    /// A stream's lowest parked sequence and parked count ([`streams::skip_gap`], [`streams::bury_gap`]).
     pub parked_range: &'static str,
+    /// Marks a stream's parked messages dead by gap timeout ([`streams::bury_gap`]).
     pub bury_parked: &'static str,
+    /// A handler's aggregates parked behind a gap for too long ([`streams::overdue_gaps`]).
     pub overdue_gaps: &'static str,
 }
 
 /// The statements operators run.
 #[derive(Debug, Clone, Copy)]
-#[allow(missing_docs)]
 pub struct OperatorSql {
+    /// A consumer's unresolved rejected deliveries ([`operators::rejected`]).
     pub rejected: &'static str,
+    /// One unresolved rejected delivery ([`operators::rejected_one`]).
     pub rejected_one: &'static str,
+    /// An operator's replay or discard of a rejected delivery ([`operators::resolve_rejected`]).
     pub resolve_rejected: &'static str,
+    /// Unresolved rejected deliveries per consumer ([`operators::rejected_counts`]).
     pub rejected_counts: &'static str,
+    /// A consumer's dead letters, filtered and paged ([`operators::dead_letters`]).
     pub dead_letters: &'static str,
+    /// One dedup row as operators see it ([`operators::show`]).
     pub show: &'static str,
+    /// A consumer's rows of one status ([`operators::list`]).
     pub list: &'static str,
+    /// A handler's failed messages whose retry is due ([`operators::due_retries`]).
     pub due_retries: &'static str,
+    /// Parked and dead messages per handler ([`operators::backlog`]).
     pub backlog: &'static str,
+    /// Rows per status, per consumer and handler ([`operators::status`]).
     pub status: &'static str,
+    /// The space the inbox takes ([`operators::storage_bytes`]).
     pub storage_bytes: &'static str,
 }
 
 /// The statements of the purge.
 #[derive(Debug, Clone, Copy)]
-#[allow(missing_docs)]
 pub struct PurgeSql {
+    /// What a window would delete and keep ([`purge::preview`]).
     pub preview: &'static str,
+    /// Deletes one batch of purgeable rows, oldest first ([`purge::batch`]).
     pub batch: &'static str,
     /// Takes the purge lock on a connection of its own, answering 1 if taken; `None` where
     /// writers take turns anyway (SQLite).
