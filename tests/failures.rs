@@ -44,9 +44,15 @@ macro_rules! failures_suite {
                 }
                 _ => {}
             }
-            sqlx::query("INSERT INTO done (id, attempt, poison) VALUES ($1, $2, (SELECT status FROM inbox_messages WHERE message_id = 'poison'))")
+            // A plain read, then the insert: on MySQL a subquery inside an INSERT is a locking
+            // read, whose scan waits on (and deadlocks with) the other jobs' uncommitted rows.
+            let poison: Option<String> = sqlx::query_scalar($crate::common::sql::<$db>("SELECT status FROM inbox_messages WHERE message_id = 'poison'"))
+                .fetch_optional(&mut **ctx)
+                .await?;
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO done (id, attempt, poison) VALUES ($1, $2, $3)"))
                 .bind(job.id)
                 .bind(i64::from(ctx.attempt()))
+                .bind(poison)
                 .execute(&mut **ctx)
                 .await?;
             Ok(())
@@ -55,7 +61,7 @@ macro_rules! failures_suite {
         /// The same handler after a fix: the poison job works now.
         #[inbox_handler(key = "id", name = "jobs")]
         async fn run_job_fixed(ctx: &mut Context<'_, $db>, job: Job) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO done (id, attempt) VALUES ($1, $2)")
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO done (id, attempt) VALUES ($1, $2)"))
                 .bind(job.id)
                 .bind(i64::from(ctx.attempt()))
                 .execute(&mut **ctx)
@@ -67,7 +73,7 @@ macro_rules! failures_suite {
 
         async fn database(test: &str) -> Option<Pool> {
             let pool = $connect(test).await?;
-            sqlx::query("CREATE TABLE done (id TEXT NOT NULL, attempt BIGINT NOT NULL, poison TEXT)")
+            sqlx::query($crate::common::sql::<$db>("CREATE TABLE done (id TEXT NOT NULL, attempt BIGINT NOT NULL, poison TEXT)"))
                 .execute(&pool)
                 .await
                 .unwrap();
@@ -83,7 +89,7 @@ macro_rules! failures_suite {
         }
 
         async fn row(pool: &Pool, id: &str) -> Option<(String, i32, Option<String>, Option<String>)> {
-            sqlx::query_as("SELECT status, attempt_count, first_error, error_text FROM inbox_messages WHERE message_id = $1")
+            sqlx::query_as($crate::common::sql::<$db>("SELECT status, attempt_count, first_error, error_text FROM inbox_messages WHERE message_id = $1"))
                 .bind(id.to_owned())
                 .fetch_optional(pool)
                 .await
@@ -91,7 +97,7 @@ macro_rules! failures_suite {
         }
 
         async fn done(pool: &Pool) -> Vec<(String, i64, Option<String>)> {
-            sqlx::query_as("SELECT id, attempt, poison FROM done ORDER BY id").fetch_all(pool).await.unwrap()
+            sqlx::query_as($crate::common::sql::<$db>("SELECT id, attempt, poison FROM done ORDER BY id")).fetch_all(pool).await.unwrap()
         }
 
         /// Dispatches `envelope` once its retry is due, as a broker that honours the handback
@@ -191,7 +197,7 @@ macro_rules! failures_suite {
             assert_eq!((shown.status.as_str(), shown.resolution.as_deref()), ("processed", Some("replayed")));
             assert_eq!(fixed.show("jobs", "nothing").await.unwrap(), None);
             let resolution: (String, Option<String>, Option<String>, Option<String>) = sqlx::query_as(
-                "SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = 'poison'",
+                $crate::common::sql::<$db>("SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = 'poison'"),
             )
             .fetch_one(&pool)
             .await
@@ -269,7 +275,7 @@ macro_rules! failures_suite {
             assert_eq!(attempts(row(&pool, "poison").await), Some(("failed".into(), 1)), "not due for an hour");
 
             // The hour passes.
-            sqlx::query("UPDATE inbox_messages SET retry_at_ms = 0").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET retry_at_ms = 0")).execute(&pool).await.unwrap();
             let quick_one = inbox(&pool, RetryPolicy::new(2).backoff(Duration::ZERO, Duration::ZERO)).await;
             quick_one.replay_requested().await.unwrap();
             assert_eq!(attempts(row(&pool, "poison").await), Some(("dead".into(), 2)), "the policy gave up");
@@ -281,7 +287,7 @@ macro_rules! failures_suite {
         async fn a_requested_replay_that_no_longer_decodes_is_dead_with_the_reason() {
             let Some(pool) = database("replay_undecodable").await else { return };
             let broken = replay_of_dead_poison(&pool).await;
-            sqlx::query("UPDATE inbox_messages SET payload = $1 WHERE message_id = 'poison'")
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET payload = $1 WHERE message_id = 'poison'"))
                 .bind(b"{\"id\": 7}".to_vec())
                 .execute(&pool)
                 .await
@@ -323,7 +329,7 @@ macro_rules! failures_suite {
             assert_eq!(count(all().message_type("test.job")).await, 2);
             assert_eq!(count(all().message_type("test.other")).await, 0);
             assert_eq!(count(all().failed_within(Duration::from_secs(3600))).await, 2);
-            sqlx::query("UPDATE inbox_messages SET failed_at = '2000-01-01 00:00:00' WHERE message_id = 'p-1'")
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET failed_at = '2000-01-01 00:00:00' WHERE message_id = 'p-1'"))
                 .execute(&pool)
                 .await
                 .unwrap();
@@ -446,10 +452,4 @@ macro_rules! failures_suite {
     };
 }
 
-mod sqlite {
-    failures_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
-}
-
-mod postgres {
-    failures_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
-}
+common::on_every_backend!(failures_suite);

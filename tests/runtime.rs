@@ -18,7 +18,7 @@ macro_rules! runtime_suite {
         /// Panics on a negative amount, after writing: the panic must roll the write back.
         #[inbox_handler(key = "event_id", name = "explode")]
         async fn explode(tx: &mut $conn, msg: Credited) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO audit_log (event_id, amount) VALUES ($1, $2)")
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO audit_log (event_id, amount) VALUES ($1, $2)"))
                 .bind(msg.event_id)
                 .bind(msg.amount)
                 .execute(&mut *tx)
@@ -251,10 +251,4 @@ macro_rules! runtime_suite {
     };
 }
 
-mod sqlite {
-    runtime_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
-}
-
-mod postgres {
-    runtime_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
-}
+common::on_every_backend!(runtime_suite);

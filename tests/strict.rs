@@ -1,6 +1,6 @@
 //! Strict ordering on real databases: parking, release in order, crashes in the middle of a
 //! release chain, two processes on one database, gap timeouts and skipping a gap. Every test runs
-//! on SQLite and, when configured, on PostgreSQL.
+//! on SQLite and, when configured, on PostgreSQL and MySQL.
 
 mod common;
 
@@ -35,7 +35,7 @@ macro_rules! strict_suite {
 
         /// Makes every failed message's retry due now, as if its backoff had passed.
         async fn due_now(pool: &Pool) {
-            sqlx::query("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'").execute(pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'")).execute(pool).await.unwrap();
         }
 
         async fn sequences(pool: &Pool, account: &str) -> Vec<i64> {
@@ -75,7 +75,7 @@ macro_rules! strict_suite {
                 assert_eq!(sequences(pool, &account).await, expected, "{account}");
                 assert_eq!(balance(pool, &account).await, expected.iter().sum::<i64>(), "{account}");
             }
-            let parked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked'")
+            let parked: i64 = sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked'"))
                 .fetch_one(pool)
                 .await
                 .unwrap();
@@ -105,14 +105,14 @@ macro_rules! strict_suite {
             let Some(pool) = ledger("strict_retry").await else { return };
             let inbox = inbox(&pool).await;
             let delivery = |sequence| Envelope::encode(format!("d-{sequence}"), &event("acct", sequence)).unwrap();
-            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 1)").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO crash_points (account, sequence) VALUES ('acct', 1)")).execute(&pool).await.unwrap();
 
             let error = inbox.dispatch(&delivery(1)).await.unwrap_err();
             assert!(matches!(error, Error::Handler { retry_after: Some(_), .. }), "{error}");
             for sequence in [2, 3] {
                 assert_eq!(inbox.dispatch(&delivery(sequence)).await.unwrap()[0].outcome, Outcome::Parked);
             }
-            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("DELETE FROM crash_points")).execute(&pool).await.unwrap();
             let early = inbox.dispatch(&delivery(1)).await.unwrap_err();
             let Error::RetryNotDue { retry_after, .. } = early else { panic!("{early}") };
             tokio::time::sleep(retry_after).await;
@@ -172,14 +172,14 @@ macro_rules! strict_suite {
             for sequence in [2, 3, 4] {
                 assert_eq!(strict(&pool, "acct", sequence).await, Outcome::Parked);
             }
-            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 3)").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO crash_points (account, sequence) VALUES ('acct', 3)")).execute(&pool).await.unwrap();
 
             assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
             assert_eq!(sequences(&pool, "acct").await, [1, 2], "the chain stopped between 2 and 3");
             assert_eq!(status(&pool, "credit_strict", "acct-3").await.as_deref(), Some("failed"), "a failed release is recorded");
             assert_eq!(status(&pool, "credit_strict", "acct-4").await.as_deref(), Some("parked"));
 
-            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("DELETE FROM crash_points")).execute(&pool).await.unwrap();
             due_now(&pool).await;
             let restarted = inbox(&pool).await;
             let broker = MemoryBroker::new();
@@ -198,12 +198,12 @@ macro_rules! strict_suite {
             for sequence in [2, 3] {
                 strict(&pool, "acct", sequence).await;
             }
-            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 2)").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO crash_points (account, sequence) VALUES ('acct', 2)")).execute(&pool).await.unwrap();
             strict(&pool, "acct", 1).await;
             assert_eq!(sequences(&pool, "acct").await, [1]);
-            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("DELETE FROM crash_points")).execute(&pool).await.unwrap();
             // A release cut by a crash (not a failure) leaves #2 parked behind an applied #1.
-            sqlx::query("UPDATE inbox_messages SET status = 'parked' WHERE message_id = 'acct-2'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET status = 'parked' WHERE message_id = 'acct-2'")).execute(&pool).await.unwrap();
 
             let handled = inbox(&pool).await.dispatch(&Envelope::encode("again", &event("acct", 1)).unwrap()).await.unwrap();
 
@@ -237,7 +237,7 @@ macro_rules! strict_suite {
                 strict(&pool, "stuck", sequence).await;
             }
             strict(&pool, "fresh", 2).await;
-            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00' WHERE aggregate_id = 'stuck'")
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00' WHERE aggregate_id = 'stuck'"))
                 .execute(&pool)
                 .await
                 .unwrap();
@@ -262,14 +262,14 @@ macro_rules! strict_suite {
         async fn expiry_leaves_a_message_that_can_apply_alone() {
             let Some(pool) = ledger("expiry_spares_ready").await else { return };
             strict(&pool, "acct", 2).await;
-            sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('acct', 2)").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO crash_points (account, sequence) VALUES ('acct', 2)")).execute(&pool).await.unwrap();
             assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
-            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
             let inbox = inbox(&pool).await;
 
             assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not behind a gap: its release failed");
             assert_eq!(status(&pool, "credit_strict", "acct-2").await.as_deref(), Some("failed"));
-            sqlx::query("DELETE FROM crash_points").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("DELETE FROM crash_points")).execute(&pool).await.unwrap();
             due_now(&pool).await;
             assert_eq!(inbox.replay_requested().await.unwrap(), 1, "a failed release is retried from the store");
 
@@ -282,7 +282,7 @@ macro_rules! strict_suite {
             for sequence in [1, 3, 4] {
                 strict(&pool, "acct", sequence).await;
             }
-            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
             let inbox = inbox(&pool).await;
             assert_eq!(inbox.expire_gaps().await.unwrap().len(), 1);
 
@@ -308,7 +308,7 @@ macro_rules! strict_suite {
             let inbox = Inbox::builder(pool.clone()).handler(credit_quick_gap).build().await.unwrap();
             let parked = inbox.dispatch(&Envelope::encode("d-1", &event("stuck", 2)).unwrap()).await.unwrap();
             assert_eq!(parked[0].outcome, Outcome::Parked);
-            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
             let broker = MemoryBroker::new();
 
             let stop = {
@@ -365,10 +365,4 @@ macro_rules! strict_suite {
     };
 }
 
-mod sqlite {
-    strict_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
-}
-
-mod postgres {
-    strict_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
-}
+common::on_every_backend!(strict_suite);
