@@ -21,13 +21,16 @@
 //! event must apply, in order (credits, counters), and sequences are contiguous from 1.
 //!
 //! `cargo run --example quickstart` uses an embedded SQLite file; on PostgreSQL:
-//! `DATABASE_URL=postgres://user@host/db cargo run --example quickstart`.
+//! `DATABASE_URL=postgres://user@host/db cargo run --example quickstart`; on MySQL or MariaDB:
+//! `DATABASE_URL=mysql://user@host/db cargo run --features mysql --example quickstart`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::error::Error;
 
 use inbox::prelude::*;
 use inbox::{Backend, MemoryBroker};
+#[cfg(feature = "mysql")]
+use sqlx::MySqlConnection;
 use sqlx::{PgConnection, Pool, SqliteConnection};
 
 #[derive(Debug, Clone, Serialize, Deserialize, Message)]
@@ -39,11 +42,40 @@ struct PaymentReceived {
     amount: i64,
 }
 
-/// The business write: credit the order (creating its row on its first payment). `credits`
-/// counts applied payments, so a payment applied twice would show. `$n` works on both backends.
-const CREDIT: &str = "INSERT INTO quickstart_ledger (order_id, balance, credits) VALUES ($1, $2, 1) \
-    ON CONFLICT (order_id) DO UPDATE SET balance = quickstart_ledger.balance + excluded.balance, \
-    credits = quickstart_ledger.credits + 1";
+/// The statements this example runs itself, as one database spells them.
+struct LedgerSql {
+    /// The business write: credit the order (creating its row on its first payment). `credits`
+    /// counts applied payments, so a payment applied twice would show.
+    credit: &'static str,
+    /// Each pass starts clean: this consumer's inbox rows are deleted.
+    forget: [&'static str; 2],
+    /// Afterwards, the database's own record: the inbox's verdict per event.
+    records: &'static str,
+}
+
+/// PostgreSQL's spelling, which SQLite reads too.
+const STANDARD_SQL: LedgerSql = LedgerSql {
+    credit: "INSERT INTO quickstart_ledger (order_id, balance, credits) VALUES ($1, $2, 1) \
+        ON CONFLICT (order_id) DO UPDATE SET balance = quickstart_ledger.balance + excluded.balance, \
+        credits = quickstart_ledger.credits + 1",
+    forget: [
+        "DELETE FROM inbox_messages WHERE consumer = $1",
+        "DELETE FROM inbox_streams WHERE consumer = $1",
+    ],
+    records: "SELECT message_id, status FROM inbox_messages WHERE consumer = $1 AND handler = $2",
+};
+
+/// MySQL's and MariaDB's spelling: `?` placeholders, `ON DUPLICATE KEY UPDATE`.
+#[cfg(feature = "mysql")]
+const MYSQL_SQL: LedgerSql = LedgerSql {
+    credit: "INSERT INTO quickstart_ledger (order_id, balance, credits) VALUES (?, ?, 1) \
+        ON DUPLICATE KEY UPDATE balance = balance + VALUES(balance), credits = credits + 1",
+    forget: [
+        "DELETE FROM inbox_messages WHERE consumer = ?",
+        "DELETE FROM inbox_streams WHERE consumer = ?",
+    ],
+    records: "SELECT message_id, status FROM inbox_messages WHERE consumer = ? AND handler = ?",
+};
 
 // The first parameter names the database, hence one thin handler per backend and ordering. The
 // `name`, not the function's, is the dedup scope: "ledger" for monotonic, "ledger_strict" for
@@ -55,7 +87,9 @@ const CREDIT: &str = "INSERT INTO quickstart_ledger (order_id, balance, credits)
     name = "ledger"
 )]
 async fn credit_sqlite(tx: &mut SqliteConnection, p: PaymentReceived) -> Result<(), HandlerError> {
-    let credit = sqlx::query(CREDIT).bind(p.order_id).bind(p.amount);
+    let credit = sqlx::query(STANDARD_SQL.credit)
+        .bind(p.order_id)
+        .bind(p.amount);
     credit.execute(&mut *tx).await?;
     Ok(())
 }
@@ -67,7 +101,9 @@ async fn credit_sqlite(tx: &mut SqliteConnection, p: PaymentReceived) -> Result<
     name = "ledger"
 )]
 async fn credit_postgres(tx: &mut PgConnection, p: PaymentReceived) -> Result<(), HandlerError> {
-    let credit = sqlx::query(CREDIT).bind(p.order_id).bind(p.amount);
+    let credit = sqlx::query(STANDARD_SQL.credit)
+        .bind(p.order_id)
+        .bind(p.amount);
     credit.execute(&mut *tx).await?;
     Ok(())
 }
@@ -83,7 +119,9 @@ async fn credit_sqlite_strict(
     tx: &mut SqliteConnection,
     p: PaymentReceived,
 ) -> Result<(), HandlerError> {
-    let credit = sqlx::query(CREDIT).bind(p.order_id).bind(p.amount);
+    let credit = sqlx::query(STANDARD_SQL.credit)
+        .bind(p.order_id)
+        .bind(p.amount);
     credit.execute(&mut *tx).await?;
     Ok(())
 }
@@ -99,16 +137,53 @@ async fn credit_postgres_strict(
     tx: &mut PgConnection,
     p: PaymentReceived,
 ) -> Result<(), HandlerError> {
-    let credit = sqlx::query(CREDIT).bind(p.order_id).bind(p.amount);
+    let credit = sqlx::query(STANDARD_SQL.credit)
+        .bind(p.order_id)
+        .bind(p.amount);
     credit.execute(&mut *tx).await?;
     Ok(())
 }
 
-/// One backend's handlers, one per ordering.
+#[cfg(feature = "mysql")]
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "order_id",
+    name = "ledger"
+)]
+async fn credit_mysql(tx: &mut MySqlConnection, p: PaymentReceived) -> Result<(), HandlerError> {
+    let credit = sqlx::query(MYSQL_SQL.credit)
+        .bind(p.order_id)
+        .bind(p.amount);
+    credit.execute(&mut *tx).await?;
+    Ok(())
+}
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "order_id",
+    ordering = "strict",
+    name = "ledger_strict"
+)]
+async fn credit_mysql_strict(
+    tx: &mut MySqlConnection,
+    p: PaymentReceived,
+) -> Result<(), HandlerError> {
+    let credit = sqlx::query(MYSQL_SQL.credit)
+        .bind(p.order_id)
+        .bind(p.amount);
+    credit.execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// One backend's handlers, one per ordering, and the example's own statements.
 #[derive(Clone, Copy)]
 struct Handlers<M, S> {
     monotonic: M,
     strict: S,
+    sql: &'static LedgerSql,
 }
 
 /// The guard's rules: which handler a pass uses, and what the replay expects of it.
@@ -151,19 +226,13 @@ const PASSES: [Pass; 3] = [
 
 const CONSUMER: &str = "quickstart";
 const ORDERS: u64 = 150;
-// Each pass starts clean: the ledger is recreated and this consumer's inbox rows are deleted.
+// Each pass starts clean: the ledger is recreated (the same words on every database).
 const RESET: [&str; 2] = [
     "DROP TABLE IF EXISTS quickstart_ledger",
     "CREATE TABLE quickstart_ledger \
-     (order_id TEXT PRIMARY KEY, balance BIGINT NOT NULL, credits BIGINT NOT NULL)",
+     (order_id VARCHAR(64) PRIMARY KEY, balance BIGINT NOT NULL, credits BIGINT NOT NULL)",
 ];
-const FORGET: [&str; 2] = [
-    "DELETE FROM inbox_messages WHERE consumer = $1",
-    "DELETE FROM inbox_streams WHERE consumer = $1",
-];
-// Afterwards, the database's own record: the inbox's verdict per event, and the ledger.
-const RECORDS: &str =
-    "SELECT message_id, status FROM inbox_messages WHERE consumer = $1 AND handler = $2";
+// Afterwards, the ledger.
 const LEDGER: &str = "SELECT order_id, balance, credits FROM quickstart_ledger";
 
 #[tokio::main]
@@ -174,6 +243,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let handlers = Handlers {
             monotonic: credit_postgres,
             strict: credit_postgres_strict,
+            sql: &STANDARD_SQL,
         };
         run(sqlx::PgPool::connect(&url).await?, handlers, &events).await?
     } else if url.starts_with("sqlite:") {
@@ -181,12 +251,33 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let handlers = Handlers {
             monotonic: credit_sqlite,
             strict: credit_sqlite_strict,
+            sql: &STANDARD_SQL,
         };
         run(pool, handlers, &events).await?
+    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        run_mysql(&url, &events).await?
     } else {
         return Err(format!("unsupported DATABASE_URL `{url}`").into());
     };
     std::process::exit(if ok { 0 } else { 1 })
+}
+
+/// Runs the passes on MySQL or MariaDB.
+#[cfg(feature = "mysql")]
+async fn run_mysql(url: &str, events: &[PaymentReceived]) -> Result<bool, Box<dyn Error>> {
+    let handlers = Handlers {
+        monotonic: credit_mysql,
+        strict: credit_mysql_strict,
+        sql: &MYSQL_SQL,
+    };
+    let url = url.replacen("mariadb:", "mysql:", 1);
+    run(sqlx::MySqlPool::connect(&url).await?, handlers, events).await
+}
+
+/// Without the `mysql` feature, says how to turn it on.
+#[cfg(not(feature = "mysql"))]
+async fn run_mysql(_: &str, _: &[PaymentReceived]) -> Result<bool, Box<dyn Error>> {
+    Err("MySQL needs the `mysql` feature: cargo run --features mysql --example quickstart".into())
 }
 
 /// The default database: a SQLite file in the temp directory, deleted so every run starts fresh.
@@ -209,7 +300,7 @@ where
     DB: Backend,
     M: Handler<DB, Message = PaymentReceived> + Copy,
     S: Handler<DB, Message = PaymentReceived> + Copy,
-    // What this example's own queries need from sqlx (both backends have it).
+    // What this example's own queries need from sqlx (every backend has it).
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
@@ -233,14 +324,14 @@ where
         for sql in RESET {
             sqlx::query(sql).execute(&pool).await?;
         }
-        for sql in FORGET {
+        for sql in handlers.sql.forget {
             sqlx::query(sql).bind(CONSUMER).execute(&pool).await?;
         }
         let delivered = match pass.rules {
             Rules::Monotonic => deliver(&pool, handlers.monotonic, stream).await?,
             Rules::Strict => deliver(&pool, handlers.strict, stream).await?,
         };
-        let records = sqlx::query_as(RECORDS)
+        let records = sqlx::query_as(handlers.sql.records)
             .bind(CONSUMER)
             .bind(delivered.handler)
             .fetch_all(&pool)

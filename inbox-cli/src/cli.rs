@@ -20,7 +20,7 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(name = "inbox", version, after_long_help = EXIT_CODES)]
 pub struct Cli {
-    /// The database: postgres://user@host/db or sqlite://path/to/file.db
+    /// The database: postgres://user@host/db, mysql://user@host/db or sqlite://path/to/file.db
     ///
     /// For a PostgreSQL schema outside the default search path, add
     /// `?options=-c%20search_path%3Dmy_schema` to the URL, or set
@@ -76,6 +76,11 @@ pub enum BackendKind {
     Postgres,
     /// SQLite.
     Sqlite,
+    /// MySQL and MariaDB.
+    #[cfg(feature = "mysql")]
+    #[value(name = "mysql")]
+    #[serde(rename = "mysql")]
+    MySql,
 }
 
 /// The consumer group a command acts on.

@@ -24,6 +24,9 @@ pub enum Database {
     Postgres(PgPool),
     /// A SQLite database.
     Sqlite(SqlitePool),
+    /// A MySQL or MariaDB database.
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
 }
 
 /// Which backend `url` names, from its scheme.
@@ -34,12 +37,23 @@ pub fn backend_of(url: &str) -> Result<BackendKind, CliError> {
     if url.starts_with("sqlite:") {
         return Ok(BackendKind::Sqlite);
     }
+    if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        return mysql_kind();
+    }
     // Only the scheme is named in the error: the rest may hold a password.
     let scheme = match url.split_once(':') {
         Some((scheme, _)) if !scheme.is_empty() => scheme,
         _ => "(none)",
     };
     Err(CliError::UnsupportedScheme(scheme.to_owned()))
+}
+
+/// MySQL, if this build has it.
+fn mysql_kind() -> Result<BackendKind, CliError> {
+    #[cfg(feature = "mysql")]
+    return Ok(BackendKind::MySql);
+    #[cfg(not(feature = "mysql"))]
+    Err(CliError::MySqlNotBuilt)
 }
 
 /// Connects to the database at `url` (`None`: none was given). Only `create_sqlite_file` lets a
@@ -51,6 +65,8 @@ pub async fn connect(url: Option<&str>, create_sqlite_file: bool) -> Result<Data
         BackendKind::Sqlite => Ok(Database::Sqlite(
             connect_sqlite(url, create_sqlite_file).await?,
         )),
+        #[cfg(feature = "mysql")]
+        BackendKind::MySql => Ok(Database::MySql(connect_mysql(url).await?)),
     }
 }
 
@@ -87,6 +103,22 @@ async fn connect_sqlite(url: &str, create_file: bool) -> Result<SqlitePool, CliE
         })
 }
 
+/// MariaDB's URLs (`mariadb://`) are MySQL's with another scheme.
+#[cfg(feature = "mysql")]
+async fn connect_mysql(url: &str) -> Result<sqlx::MySqlPool, CliError> {
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).map_err(CliError::InvalidUrl)?;
+    let target = format!(
+        "at {}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    );
+    open(options)
+        .await
+        .map_err(|source| CliError::Connect { target, source })
+}
+
 /// Opens one connection first, so that a database that cannot be reached fails at once with
 /// its own reason (a pool would retry until its timeout and report only that), then a pool.
 async fn open<DB: sqlx::Database>(
@@ -115,15 +147,16 @@ pub async fn check_schema<DB: Backend>(pool: &Pool<DB>) -> Result<(), CliError> 
 
 /// Whether the database says a table, column or schema does not exist.
 fn is_missing_schema(error: &dyn DatabaseError) -> bool {
-    /// PostgreSQL's undefined_table, undefined_column and invalid_schema_name.
-    const POSTGRES_MISSING: [&str; 3] = ["42P01", "42703", "3F000"];
-    let postgres = error
+    /// PostgreSQL's undefined_table, undefined_column and invalid_schema_name; MySQL's
+    /// ER_NO_SUCH_TABLE and ER_BAD_FIELD_ERROR (the same SQLSTATE on every database).
+    const SERVER_MISSING: [&str; 5] = ["42P01", "42703", "3F000", "42S02", "42S22"];
+    let server = error
         .code()
-        .is_some_and(|code| POSTGRES_MISSING.contains(&code.as_ref()));
+        .is_some_and(|code| SERVER_MISSING.contains(&code.as_ref()));
     let sqlite = ["no such table", "no such column"]
         .iter()
         .any(|missing| error.message().starts_with(missing));
-    postgres || sqlite
+    server || sqlite
 }
 
 #[cfg(test)]
@@ -137,12 +170,16 @@ mod tests {
         assert_eq!(backend("postgresql://u@h/db"), Some(BackendKind::Postgres));
         assert_eq!(backend("sqlite://inbox.db"), Some(BackendKind::Sqlite));
         assert_eq!(backend("sqlite::memory:"), Some(BackendKind::Sqlite));
+        #[cfg(feature = "mysql")]
+        for url in ["mysql://u@h/db", "mariadb://u@h/db"] {
+            assert_eq!(backend(url), Some(BackendKind::MySql));
+        }
     }
 
     #[test]
     fn an_unsupported_scheme_is_named_without_the_rest_of_the_url() {
-        let error = backend_of("mysql://root:secret@h/db").unwrap_err();
-        assert!(matches!(&error, CliError::UnsupportedScheme(scheme) if scheme == "mysql"));
+        let error = backend_of("oracle://root:secret@h/db").unwrap_err();
+        assert!(matches!(&error, CliError::UnsupportedScheme(scheme) if scheme == "oracle"));
         assert!(!error.to_string().contains("secret"), "{error}");
         let error = backend_of("inbox.db").unwrap_err();
         assert!(matches!(&error, CliError::UnsupportedScheme(scheme) if scheme == "(none)"));

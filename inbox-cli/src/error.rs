@@ -22,16 +22,24 @@ pub enum CliError {
     /// Neither `--database-url` nor `DATABASE_URL` was given.
     #[error(
         "no database given: pass --database-url or set DATABASE_URL \
-         (postgres://... or sqlite://...)"
+         (postgres://..., mysql://... or sqlite://...)"
     )]
     MissingDatabaseUrl,
 
     /// The URL names a database the inbox does not run on.
     #[error(
         "unsupported database URL scheme `{0}`: the inbox runs on PostgreSQL (postgres:// or \
-         postgresql://) and SQLite (sqlite://)"
+         postgresql://), MySQL and MariaDB (mysql:// or mariadb://) and SQLite (sqlite://)"
     )]
     UnsupportedScheme(String),
+
+    /// The URL names MySQL, and this build of the command was made without it.
+    #[cfg(not(feature = "mysql"))]
+    #[error(
+        "this `inbox` was built without MySQL: build it with `--features mysql` \
+         (a default feature)"
+    )]
+    MySqlNotBuilt,
 
     /// The URL has a supported scheme but cannot be parsed.
     #[error("invalid database URL: {0}")]
@@ -129,6 +137,8 @@ impl CliError {
             Self::MissingDatabaseUrl | Self::UnsupportedScheme(_) | Self::InvalidUrl(_) => {
                 exit::USAGE
             }
+            #[cfg(not(feature = "mysql"))]
+            Self::MySqlNotBuilt => exit::USAGE,
             Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
             Self::NoSuchMessage { .. } | Self::NotDead { .. } | Self::NoGap { .. } => {
                 exit::NOT_FOUND

@@ -1,5 +1,5 @@
 //! The `inbox` command end to end: the built binary against real databases (SQLite always,
-//! PostgreSQL when `INBOX_TEST_POSTGRES_URL` is set), each case checking what changed in the
+//! PostgreSQL and MySQL when `INBOX_TEST_POSTGRES_URL` and `INBOX_TEST_MYSQL_URL` are set), each case checking what changed in the
 //! database, not only what was printed.
 
 #[path = "../../tests/common/mod.rs"]
@@ -107,18 +107,18 @@ macro_rules! cli_suite {
         /// Fails permanently while the `broken` table has a row; records the order otherwise.
         #[inbox_handler(key = "id", name = "record_order")]
         async fn record_order(ctx: &mut Context<'_, $db>, order: Order) -> Result<(), HandlerError> {
-            let broken: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM broken").fetch_one(&mut **ctx).await?;
+            let broken: i64 = sqlx::query_scalar(crate::common::sql::<$db>("SELECT COUNT(*) FROM broken")).fetch_one(&mut **ctx).await?;
             if broken > 0 {
                 return Err(HandlerError::permanent(HandlerError::msg("the `broken` table has a row")));
             }
-            sqlx::query("INSERT INTO recorded (id) VALUES ($1)").bind(order.id).execute(&mut **ctx).await?;
+            sqlx::query(crate::common::sql::<$db>("INSERT INTO recorded (id) VALUES ($1)")).bind(order.id).execute(&mut **ctx).await?;
             Ok(())
         }
 
         /// Applies an account's steps strictly in order.
         #[inbox_handler(key = "id", sequence = "version", aggregate = "account", ordering = "strict")]
         async fn apply_step(ctx: &mut Context<'_, $db>, step: Step) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO recorded (id) VALUES ($1)").bind(step.id).execute(&mut **ctx).await?;
+            sqlx::query(crate::common::sql::<$db>("INSERT INTO recorded (id) VALUES ($1)")).bind(step.id).execute(&mut **ctx).await?;
             Ok(())
         }
 
@@ -128,7 +128,7 @@ macro_rules! cli_suite {
             cli(&url, &["migrate"]).ok();
             let pool = $connect(&url).await;
             for ddl in ["CREATE TABLE broken (id TEXT)", "CREATE TABLE recorded (id TEXT NOT NULL)"] {
-                sqlx::query(ddl).execute(&pool).await.expect("create a test table");
+                sqlx::query(crate::common::sql::<$db>(ddl)).execute(&pool).await.expect("create a test table");
             }
             Some((pool, url))
         }
@@ -136,7 +136,7 @@ macro_rules! cli_suite {
         /// A database holding one dead message: order `o-1` of `record_order`.
         async fn with_dead_order(test: &str) -> Option<(Pool, String, Inbox<$db>)> {
             let (pool, url) = database(test).await?;
-            sqlx::query("INSERT INTO broken (id) VALUES ('o-1')").execute(&pool).await.unwrap();
+            sqlx::query(crate::common::sql::<$db>("INSERT INTO broken (id) VALUES ('o-1')")).execute(&pool).await.unwrap();
             let inbox = Inbox::builder(pool.clone()).handler(record_order).build().await.unwrap();
             let order = Order { id: "o-1".into() };
             let error = inbox.dispatch(&Envelope::encode("delivery-o-1", &order).unwrap()).await.unwrap_err();
@@ -147,7 +147,7 @@ macro_rules! cli_suite {
 
         /// `(status, resolution, resolved_by, resolved_reason)` of message `id`.
         async fn row(pool: &Pool, id: &str) -> (String, Option<String>, Option<String>, Option<String>) {
-            sqlx::query_as("SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = $1")
+            sqlx::query_as(crate::common::sql::<$db>("SELECT status, resolution, resolved_by, resolved_reason FROM inbox_messages WHERE message_id = $1"))
                 .bind(id.to_owned())
                 .fetch_one(pool)
                 .await
@@ -155,11 +155,11 @@ macro_rules! cli_suite {
         }
 
         async fn recorded(pool: &Pool) -> Vec<String> {
-            sqlx::query_scalar("SELECT id FROM recorded ORDER BY id").fetch_all(pool).await.unwrap()
+            sqlx::query_scalar(crate::common::sql::<$db>("SELECT id FROM recorded ORDER BY id")).fetch_all(pool).await.unwrap()
         }
 
         async fn count(pool: &Pool, status: &str, prefix: &str) -> i64 {
-            sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages WHERE status = $1 AND message_id LIKE $2")
+            sqlx::query_scalar(crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages WHERE status = $1 AND message_id LIKE $2"))
                 .bind(status.to_owned())
                 .bind(format!("{prefix}%"))
                 .fetch_one(pool)
@@ -179,7 +179,7 @@ macro_rules! cli_suite {
             assert_eq!(status["rejected"], json!([]), "{status}");
             assert!(status["storage_bytes"].as_i64().is_some_and(|bytes| bytes > 0), "{status}");
             let pool = $connect(&url).await;
-            let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages").fetch_one(&pool).await.unwrap();
+            let rows: i64 = sqlx::query_scalar(crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages")).fetch_one(&pool).await.unwrap();
             assert_eq!(rows, 0);
             cli(&url, &["migrate"]).ok();
             let ddl = cli(&url, &["schema"]).ok().stdout;
@@ -200,7 +200,7 @@ macro_rules! cli_suite {
             assert!(shown.contains("the `broken` table has a row"), "{shown}");
             assert!(shown.contains(r#""id":"o-1""#), "the payload, as text: {shown}");
 
-            sqlx::query("DELETE FROM broken").execute(&pool).await.unwrap();
+            sqlx::query(crate::common::sql::<$db>("DELETE FROM broken")).execute(&pool).await.unwrap();
             let replayed = cli(&url, &["dead", "replay", "record_order", "o-1", "--reason", "fixed"]).ok();
 
             assert!(replayed.stdout.contains("next sweep"), "{replayed:#?}");
@@ -265,7 +265,7 @@ macro_rules! cli_suite {
             assert_eq!((&parked[0]["aggregate_id"], &parked[0]["sequence_number"]), (&json!("a-1"), &json!(3)));
 
             cli(&url, &["gap", "skip", "apply_step", "a-2", "--yes"]).failed(4, &["a-2", "no gap"]);
-            let stream: Option<i64> = sqlx::query_scalar("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'a-2'")
+            let stream: Option<i64> = sqlx::query_scalar(crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'a-2'"))
                 .fetch_optional(&pool).await.unwrap();
             assert_eq!(stream, None, "a refused skip creates no stream");
             cli_with_input(&url, &["gap", "skip", "apply_step", "a-1"], "y\n").ok();
@@ -287,7 +287,7 @@ macro_rules! cli_suite {
             );
             let mut tx = pool.begin().await.unwrap();
             for n in 0..rows {
-                sqlx::query(if old { OLD } else { NOW })
+                sqlx::query(crate::common::sql::<$db>(if old { OLD } else { NOW }))
                     .bind(format!("{prefix}-{n}"))
                     .bind(status.to_owned())
                     .bind(vec![0_u8; 32])
@@ -331,8 +331,43 @@ macro_rules! cli_suite {
             cli(&url, &["dead", "list"]).failed(3, &["inbox migrate"]);
             cli(&url, &["purge", "--older-than", "7d", "--yes"]).failed(3, &["inbox migrate"]);
 
-            let probe = sqlx::query("SELECT COUNT(*) FROM inbox_messages").execute(&pool).await;
+            let probe = sqlx::query(crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages")).execute(&pool).await;
             assert!(probe.is_err(), "no command but migrate creates the tables");
+        }
+    };
+}
+
+/// For a backend whose purge leader holds a server lock (PostgreSQL's advisory lock, MySQL's
+/// `GET_LOCK`): a purge while another instance leads deletes nothing. Expands inside a module
+/// that ran `cli_suite!`.
+macro_rules! purge_lock_case {
+    () => {
+        #[tokio::test]
+        async fn a_purge_while_another_instance_purges_deletes_nothing() {
+            let Some((pool, url)) = database("cli_purge_busy").await else {
+                return;
+            };
+            insert(&pool, "old", 10, "processed", true).await;
+            let other = inbox::storage::purge::lead_purge(&pool).await.unwrap();
+            let other = other.expect("nobody else purges this schema");
+
+            let busy = cli(&url, &["purge", "--older-than", "7d", "--yes", "--json"])
+                .ok()
+                .json();
+            let text = cli(&url, &["purge", "--older-than", "7d", "--yes"])
+                .ok()
+                .stdout;
+
+            assert_eq!(
+                (&busy["led"], &busy["purged"]),
+                (&json!(false), &json!(0)),
+                "{busy}"
+            );
+            assert!(text.contains("Another instance is purging"), "{text}");
+            assert_eq!(count(&pool, "processed", "old").await, 10);
+            other.step_down().await.unwrap();
+            cli(&url, &["purge", "--older-than", "7d", "--yes"]).ok();
+            assert_eq!(count(&pool, "processed", "old").await, 0);
         }
     };
 }
@@ -399,39 +434,42 @@ mod postgres {
         "now() - interval '10 days'"
     );
 
+    purge_lock_case!();
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    async fn connect(url: &str) -> sqlx::MySqlPool {
+        sqlx::MySqlPool::connect(url).await.expect("connect MySQL")
+    }
+
+    cli_suite!(
+        sqlx::MySql,
+        crate::common::mysql_url,
+        connect,
+        "CURRENT_TIMESTAMP(6) - INTERVAL 10 DAY"
+    );
+
+    purge_lock_case!();
+
     #[tokio::test]
-    async fn a_purge_while_another_instance_purges_deletes_nothing() {
-        let Some((pool, url)) = database("cli_purge_busy").await else {
+    async fn a_mariadb_url_is_a_mysql_url() {
+        let Some(url) = crate::common::mysql_url("cli_mariadb").await else {
             return;
         };
-        insert(&pool, "old", 10, "processed", true).await;
-        let other = inbox::storage::purge::lead_purge(&pool).await.unwrap();
-        let other = other.expect("nobody else purges this schema");
+        let url = url.replacen("mysql://", "mariadb://", 1);
 
-        let busy = cli(&url, &["purge", "--older-than", "7d", "--yes", "--json"])
-            .ok()
-            .json();
-        let text = cli(&url, &["purge", "--older-than", "7d", "--yes"])
-            .ok()
-            .stdout;
+        cli(&url, &["migrate"]).ok();
 
-        assert_eq!(
-            (&busy["led"], &busy["purged"]),
-            (&json!(false), &json!(0)),
-            "{busy}"
-        );
-        assert!(text.contains("Another instance is purging"), "{text}");
-        assert_eq!(count(&pool, "processed", "old").await, 10);
-        other.step_down().await.unwrap();
-        cli(&url, &["purge", "--older-than", "7d", "--yes"]).ok();
-        assert_eq!(count(&pool, "processed", "old").await, 0);
+        let status = cli(&url, &["status", "--json"]).ok().json();
+        assert_eq!(status["handlers"], json!([]), "{status}");
     }
 }
 
 #[test]
 fn an_unsupported_or_missing_database_url_is_a_usage_error() {
-    cli("mysql://root:secret@localhost/inbox", &["status"])
-        .failed(2, &["mysql", "postgres://", "sqlite://"]);
+    cli("oracle://root:secret@localhost/inbox", &["status"])
+        .failed(2, &["oracle", "postgres://", "mysql://", "sqlite://"]);
     let run = Command::new(env!("CARGO_BIN_EXE_inbox"))
         .arg("status")
         .env_remove("DATABASE_URL")
@@ -453,7 +491,11 @@ fn a_bad_duration_is_a_usage_error() {
 
 #[test]
 fn the_schema_is_printed_without_a_database() {
-    for (backend, ddl) in [("postgres", "bytea"), ("sqlite", "BLOB")] {
+    let mut backends = vec![("postgres", "bytea"), ("sqlite", "BLOB")];
+    if cfg!(feature = "mysql") {
+        backends.push(("mysql", "utf8mb4_bin"));
+    }
+    for (backend, ddl) in backends {
         let run = Command::new(env!("CARGO_BIN_EXE_inbox"))
             .args(["schema", "--backend", backend])
             .env_remove("DATABASE_URL")

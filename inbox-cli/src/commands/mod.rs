@@ -28,6 +28,8 @@ pub async fn execute(cli: Cli) -> Result<(), CliError> {
     match database::connect(url, creates_file).await? {
         Database::Postgres(pool) => run(pool, command, &out).await,
         Database::Sqlite(pool) => run(pool, command, &out).await,
+        #[cfg(feature = "mysql")]
+        Database::MySql(pool) => run(pool, command, &out).await,
     }
 }
 

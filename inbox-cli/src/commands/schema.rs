@@ -31,6 +31,8 @@ pub fn print(
     let ddl = match backend {
         BackendKind::Postgres => inbox_core::schema::<Postgres>(),
         BackendKind::Sqlite => inbox_core::schema::<Sqlite>(),
+        #[cfg(feature = "mysql")]
+        BackendKind::MySql => inbox_core::schema::<sqlx::MySql>(),
     };
     out.emit(&Schema { backend, ddl })
 }
