@@ -68,14 +68,14 @@ macro_rules! hardening_suite {
                     return Err(HandlerError::permanent(HandlerError::msg("sequence 2 is refused")))
                 }
                 "crash-at-2" if payment.seq == 2 => {
-                    let blocked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM blocked").fetch_one(&mut **ctx).await?;
+                    let blocked: i64 = sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM blocked")).fetch_one(&mut **ctx).await?;
                     if blocked > 0 {
                         return Err(HandlerError::msg("sequence 2 is blocked"));
                     }
                 }
                 _ => {}
             }
-            sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ($1, $2, $3)")
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO applied (handler, id, seq) VALUES ($1, $2, $3)"))
                 .bind(ctx.handler())
                 .bind(payment.id.clone())
                 .bind(payment.seq)
@@ -116,9 +116,9 @@ macro_rules! hardening_suite {
             for ddl in [
                 "CREATE TABLE applied (handler TEXT NOT NULL, id TEXT NOT NULL, seq BIGINT NOT NULL, position BIGINT)",
                 "CREATE TABLE blocked (why TEXT)",
-                "CREATE TABLE once (id TEXT PRIMARY KEY)",
+                "CREATE TABLE once (id VARCHAR(64) PRIMARY KEY)",
             ] {
-                sqlx::query(ddl).execute(&pool).await.unwrap();
+                sqlx::query($crate::common::sql::<$db>(ddl)).execute(&pool).await.unwrap();
             }
             Some(pool)
         }
@@ -128,7 +128,7 @@ macro_rules! hardening_suite {
         }
 
         async fn applied(pool: &Pool, handler: &str) -> Vec<String> {
-            sqlx::query_scalar("SELECT id FROM applied WHERE handler = $1 ORDER BY id")
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT id FROM applied WHERE handler = $1 ORDER BY id"))
                 .bind(handler.to_owned())
                 .fetch_all(pool)
                 .await
@@ -136,7 +136,7 @@ macro_rules! hardening_suite {
         }
 
         async fn row(pool: &Pool, handler: &str, id: &str) -> Option<(String, i32)> {
-            sqlx::query_as("SELECT status, attempt_count FROM inbox_messages WHERE handler = $1 AND message_id = $2")
+            sqlx::query_as($crate::common::sql::<$db>("SELECT status, attempt_count FROM inbox_messages WHERE handler = $1 AND message_id = $2"))
                 .bind(handler.to_owned())
                 .bind(id.to_owned())
                 .fetch_optional(pool)
@@ -304,14 +304,14 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_gap_whose_predecessor_is_retrying_is_not_expired_and_releases_when_it_succeeds() {
             let Some(pool) = database("retrying_gap").await else { return };
-            sqlx::query("INSERT INTO blocked (why) VALUES ('test')").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO blocked (why) VALUES ('test')")).execute(&pool).await.unwrap();
             let hour = Duration::from_secs(3600);
             let inbox = Inbox::builder(pool.clone()).retry(RetryPolicy::new(5).backoff(hour, hour)).handler(pay_strict).build().await.unwrap();
             let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "crash-at-2"));
             inbox.dispatch(&delivery(1)).await.unwrap();
             inbox.dispatch(&delivery(2)).await.unwrap_err();
             assert_eq!(inbox.dispatch(&delivery(3)).await.unwrap()[0].outcome, Outcome::Parked);
-            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
 
             assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not missing, it waits for its retry");
             let stream = inbox::Stream { consumer: inbox.consumer(), handler: "strict", aggregate: "o-1" };
@@ -320,8 +320,8 @@ macro_rules! hardening_suite {
             assert_eq!(buried, None, "checked again under the stream lock");
             tx.rollback().await.unwrap();
 
-            sqlx::query("DELETE FROM blocked").execute(&pool).await.unwrap();
-            sqlx::query("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("DELETE FROM blocked")).execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'")).execute(&pool).await.unwrap();
             assert_eq!(inbox.replay_requested().await.unwrap(), 1);
             assert_eq!(applied(&pool, "strict").await, ["p-1", "p-2", "p-3"], "#3 was released behind #2");
         }
@@ -336,7 +336,7 @@ macro_rules! hardening_suite {
             let inbox = Inbox::builder(pool.clone()).sweep_interval(Duration::from_millis(20)).handler(quick_gap).build().await.unwrap();
             inbox.dispatch(&envelope("p-2", &payment("p-2", "o-1", 2, "ok"))).await.unwrap();
             // Parked long ago, before the consumer went down.
-            sqlx::query("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
             let broker = MemoryBroker::new();
 
             let report = inbox.run_until(broker.source(), tokio::time::sleep(Duration::from_millis(500))).await.unwrap();
@@ -455,12 +455,12 @@ macro_rules! hardening_suite {
             #[inbox_handler(key = "id", sequence = "order_seq", aggregate = "order", name = "by_order")]
             async fn by_order(ctx: &mut Context<'_, $db>, line: Line) -> Result<(), HandlerError> {
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('by_order', $1, $2)").bind(line.id).bind(line.order_seq).execute(&mut **ctx).await?;
+                sqlx::query($crate::common::sql::<$db>("INSERT INTO applied (handler, id, seq) VALUES ('by_order', $1, $2)")).bind(line.id).bind(line.order_seq).execute(&mut **ctx).await?;
                 Ok(())
             }
             #[inbox_handler(key = "id", sequence = "customer_seq", aggregate = "customer", name = "by_customer")]
             async fn by_customer(ctx: &mut Context<'_, $db>, line: Line) -> Result<(), HandlerError> {
-                sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('by_customer', $1, $2)").bind(line.id).bind(line.customer_seq).execute(&mut **ctx).await?;
+                sqlx::query($crate::common::sql::<$db>("INSERT INTO applied (handler, id, seq) VALUES ('by_customer', $1, $2)")).bind(line.id).bind(line.customer_seq).execute(&mut **ctx).await?;
                 Ok(())
             }
             let inbox = Inbox::builder(pool.clone()).workers(4).handler(by_order).handler(by_customer).build().await.unwrap();
@@ -483,6 +483,11 @@ macro_rules! hardening_suite {
 
 mod sqlite {
     hardening_suite!(sqlx::Sqlite, crate::common::sqlite);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    hardening_suite!(sqlx::MySql, crate::common::mysql);
 }
 
 mod postgres {

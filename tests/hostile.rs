@@ -10,7 +10,7 @@
 mod common;
 
 macro_rules! hostile_suite {
-    ($db:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path) => {
         use std::sync::atomic::{AtomicU32, Ordering};
         use std::time::Duration;
 
@@ -35,7 +35,7 @@ macro_rules! hostile_suite {
         static NUL_ERROR_RUNS: AtomicU32 = AtomicU32::new(0);
 
         async fn see(ctx: &mut Context<'_, $db>, event: Event) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO seen (id) VALUES ($1)").bind(event.id).execute(&mut **ctx).await?;
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO seen (id) VALUES ($1)")).bind(event.id).execute(&mut **ctx).await?;
             Ok(())
         }
 
@@ -56,12 +56,12 @@ macro_rules! hostile_suite {
 
         async fn database(test: &str) -> Option<Pool> {
             let pool = $connect(test).await?;
-            sqlx::query("CREATE TABLE seen (id TEXT NOT NULL)").execute(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("CREATE TABLE seen (id TEXT NOT NULL)")).execute(&pool).await.unwrap();
             Some(pool)
         }
 
         async fn seen(pool: &Pool) -> Vec<String> {
-            sqlx::query_scalar("SELECT id FROM seen ORDER BY id").fetch_all(pool).await.unwrap()
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT id FROM seen ORDER BY id")).fetch_all(pool).await.unwrap()
         }
 
         /// A delivery the inbox must keep as rejected, with (part of) the reason it must give.
@@ -219,10 +219,4 @@ macro_rules! hostile_suite {
     };
 }
 
-mod sqlite {
-    hostile_suite!(sqlx::Sqlite, crate::common::sqlite);
-}
-
-mod postgres {
-    hostile_suite!(sqlx::Postgres, crate::common::postgres);
-}
+common::on_every_backend!(hostile_suite);

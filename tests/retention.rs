@@ -31,28 +31,30 @@ macro_rules! retention_suite {
         $crate::common::queries::ledger_queries!($db, $connect);
 
         /// Inserts `rows` dedup rows of handler `credit` with ids `{prefix}-n`, in `status`, all
-        /// received and settled at `at`.
+        /// received and settled at `at` (a thousand rows per statement).
         async fn seed(pool: &Pool, prefix: &str, rows: i64, status: &str, at: &str) {
-            sqlx::query(
-                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
-                 INSERT INTO inbox_messages (consumer, handler, message_id, message_type, aggregate_id, \
-                 sequence_number, status, payload_hash, payload) \
-                 SELECT 'default', 'credit', $2 || '-' || i, 'test.credited', 'acct-' || i, i, $3, $4, $4 FROM n",
-            )
-            .bind(rows)
-            .bind(prefix)
-            .bind(status)
-            .bind(vec![0_u8; 32])
-            .execute(pool)
-            .await
-            .expect("seed dedup rows");
+            let mut tx = pool.begin().await.expect("begin seeding");
+            let numbers: Vec<i64> = (1..=rows).collect();
+            for chunk in numbers.chunks(1_000) {
+                let mut insert = sqlx::QueryBuilder::<$db>::new(
+                    "INSERT INTO inbox_messages (consumer, handler, message_id, message_type, aggregate_id, \
+                     sequence_number, status, payload_hash, payload) ",
+                );
+                insert.push_values(chunk, |mut row, &i| {
+                    row.push("'default', 'credit'").push_bind(format!("{prefix}-{i}")).push("'test.credited'");
+                    row.push_bind(format!("acct-{i}")).push_bind(i).push_bind(status.to_owned());
+                    row.push_bind(vec![0_u8; 32]).push_bind(vec![0_u8; 32]);
+                });
+                insert.build().execute(&mut *tx).await.expect("seed dedup rows");
+            }
+            tx.commit().await.expect("commit the seeded rows");
             let at = format!("'{at}'");
             let backdate = [
                 format!("UPDATE inbox_messages SET received_at = {at}, failed_at = {at} WHERE message_id LIKE $1"),
                 format!("UPDATE inbox_messages SET processed_at = {at} WHERE message_id LIKE $1 AND status IN ('processed', 'stale')"),
             ];
             for update in backdate {
-                sqlx::query(sqlx::AssertSqlSafe(update))
+                sqlx::query($crate::common::sql::<$db>(&update))
                     .bind(format!("{prefix}-%"))
                     .execute(pool)
                     .await
@@ -61,7 +63,7 @@ macro_rules! retention_suite {
         }
 
         async fn rows(pool: &Pool, prefix: &str) -> i64 {
-            sqlx::query_scalar("SELECT COUNT(*) FROM inbox_messages WHERE message_id LIKE $1")
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages WHERE message_id LIKE $1"))
                 .bind(format!("{prefix}-%"))
                 .fetch_one(pool)
                 .await
@@ -169,33 +171,46 @@ macro_rules! retention_suite {
     };
 }
 
+/// For a backend whose purge leader holds a server lock (PostgreSQL's advisory lock, MySQL's
+/// `GET_LOCK`; SQLite has one writer anyway). Expands inside a module that ran `retention_suite!`.
+macro_rules! purge_leader_case {
+    () => {
+        #[tokio::test]
+        async fn one_instance_purges_at_a_time() {
+            let Some(pool) = ledger("purge_leader").await else {
+                return;
+            };
+            seed(&pool, "old", 100, "processed", ANCIENT).await;
+            let retention = Retention::new(window_to_2010());
+            let elsewhere = second_pool(&pool).await;
+            let leader = inbox::storage::purge::lead_purge(&elsewhere)
+                .await
+                .unwrap()
+                .expect("nobody else is purging");
+
+            let report = inbox::purge(&pool, &retention).await.unwrap();
+            assert!(!report.led, "another instance holds the lock: {report:?}");
+            assert_eq!(rows(&pool, "old").await, 100);
+
+            leader.step_down().await.unwrap();
+            let report = inbox::purge(&pool, &retention).await.unwrap();
+            assert!(report.led);
+            assert_eq!(rows(&pool, "old").await, 0);
+        }
+    };
+}
+
 mod sqlite {
     retention_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
 }
 
 mod postgres {
     retention_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+    purge_leader_case!();
+}
 
-    #[tokio::test]
-    async fn one_instance_purges_at_a_time() {
-        let Some(pool) = ledger("purge_leader").await else {
-            return;
-        };
-        seed(&pool, "old", 100, "processed", ANCIENT).await;
-        let retention = Retention::new(window_to_2010());
-        let elsewhere = second_pool(&pool).await;
-        let leader = inbox::storage::purge::lead_purge(&elsewhere)
-            .await
-            .unwrap()
-            .expect("nobody else is purging");
-
-        let report = inbox::purge(&pool, &retention).await.unwrap();
-        assert!(!report.led, "another instance holds the lock: {report:?}");
-        assert_eq!(rows(&pool, "old").await, 100);
-
-        leader.step_down().await.unwrap();
-        let report = inbox::purge(&pool, &retention).await.unwrap();
-        assert!(report.led);
-        assert_eq!(rows(&pool, "old").await, 0);
-    }
+#[cfg(feature = "mysql")]
+mod mysql {
+    retention_suite!(sqlx::MySql, sqlx::MySqlConnection, crate::common::mysql);
+    purge_leader_case!();
 }
