@@ -4,7 +4,7 @@
 mod common;
 
 macro_rules! failures_suite {
-    ($db:ty, $conn:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::time::Duration;
 

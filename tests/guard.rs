@@ -4,7 +4,7 @@
 mod common;
 
 macro_rules! guard_suite {
-    ($db:ty, $conn:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
         use std::collections::BTreeMap;
 
         use inbox::Error;

@@ -1,11 +1,9 @@
-//! The handler forms and the inbox's setup, on SQLite: composite keys, message-only handlers,
-//! `Context` and `Transaction` handles, consumer scopes, and the schema.
+//! The handler forms and the inbox's setup, on every backend: composite keys, message-only
+//! handlers, `Context` and `Transaction` handles, consumer scopes, and the schema.
 
 mod common;
 
 use inbox::prelude::*;
-use inbox::{BuildError, Error};
-use sqlx::{Sqlite, SqlitePool};
 
 #[derive(Debug, Clone, Serialize, Deserialize, Message)]
 #[message(name = "test.tenant_event")]
@@ -32,259 +30,268 @@ async fn count_tenant_event(_msg: TenantEvent) -> Result<(), HandlerError> {
     Ok(())
 }
 
-#[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id")]
-async fn record_metadata(
-    ctx: &mut Context<'_, Sqlite>,
-    msg: TenantEvent,
-) -> Result<(), HandlerError> {
-    let correlation = ctx.headers().get("correlation-id").cloned();
-    sqlx::query("INSERT INTO seen (consumer, handler, message_id, aggregate, sequence, correlation, tenant) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-        .bind(ctx.consumer().to_owned())
-        .bind(ctx.handler())
-        .bind(ctx.message_id().to_owned())
-        .bind(ctx.aggregate().map(str::to_owned))
-        .bind(ctx.sequence())
-        .bind(correlation)
-        .bind(msg.tenant)
-        .execute(&mut **ctx)
-        .await?;
-    Ok(())
-}
+macro_rules! handlers_suite {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+        use super::{count_tenant_event, TenantEvent};
+        use inbox::prelude::*;
 
-#[inbox_handler(key = "event_id", name = "tx_writer")]
-async fn write_in_transaction(
-    tx: &mut sqlx::Transaction<'_, Sqlite>,
-    msg: TenantEvent,
-) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO seen (consumer, handler, message_id, tenant) VALUES ('-', 'tx_writer', '-', $1)")
-        .bind(msg.tenant)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
+        type Pool = sqlx::Pool<$db>;
 
-async fn database(test: &str) -> SqlitePool {
-    let pool = common::sqlite(test)
-        .await
-        .expect("SQLite is always available");
-    sqlx::query("CREATE TABLE seen (consumer TEXT, handler TEXT, message_id TEXT, aggregate TEXT, sequence BIGINT, correlation TEXT, tenant TEXT)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool
-}
+        #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id")]
+        async fn record_metadata(
+            ctx: &mut Context<'_, $db>,
+            msg: TenantEvent,
+        ) -> Result<(), HandlerError> {
+            let correlation = ctx.headers().get("correlation-id").cloned();
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO seen (consumer, handler, message_id, aggregate, sequence, correlation, tenant) VALUES ($1, $2, $3, $4, $5, $6, $7)"))
+                .bind(ctx.consumer().to_owned())
+                .bind(ctx.handler())
+                .bind(ctx.message_id().to_owned())
+                .bind(ctx.aggregate().map(str::to_owned))
+                .bind(ctx.sequence())
+                .bind(correlation)
+                .bind(msg.tenant)
+                .execute(&mut **ctx)
+                .await?;
+            Ok(())
+        }
 
-async fn seen(pool: &SqlitePool) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM seen")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
+        #[inbox_handler(key = "event_id", name = "tx_writer")]
+        async fn write_in_transaction(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            msg: TenantEvent,
+        ) -> Result<(), HandlerError> {
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO seen (consumer, handler, message_id, tenant) VALUES ('-', 'tx_writer', '-', $1)"))
+                .bind(msg.tenant)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
 
-#[tokio::test]
-async fn composite_key_dedups_on_the_whole_tuple() {
-    let pool = database("composite_key").await;
+        async fn database(test: &str) -> Option<Pool> {
+            let pool = $connect(test).await?;
+            sqlx::query($crate::common::sql::<$db>("CREATE TABLE seen (consumer TEXT, handler TEXT, message_id TEXT, aggregate TEXT, sequence BIGINT, correlation TEXT, tenant TEXT)"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            Some(pool)
+        }
 
-    assert_eq!(
-        count_tenant_event
-            .process(&pool, TenantEvent::new("t1", 1))
-            .await
-            .unwrap(),
-        Outcome::Processed
-    );
-    assert_eq!(
-        count_tenant_event
-            .process(&pool, TenantEvent::new("t2", 1))
-            .await
-            .unwrap(),
-        Outcome::Processed
-    );
-    assert_eq!(
-        count_tenant_event
-            .process(&pool, TenantEvent::new("t1", 1))
-            .await
-            .unwrap(),
-        Outcome::Duplicate
-    );
+        async fn seen(pool: &Pool) -> i64 {
+            sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM seen"))
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
 
-    let ids: Vec<String> =
-        sqlx::query_scalar("SELECT message_id FROM inbox_messages ORDER BY message_id")
-            .fetch_all(&pool)
+        #[tokio::test]
+        async fn composite_key_dedups_on_the_whole_tuple() {
+            let Some(pool) = database("composite_key").await else { return };
+
+            assert_eq!(
+                count_tenant_event
+                    .process(&pool, TenantEvent::new("t1", 1))
+                    .await
+                    .unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                count_tenant_event
+                    .process(&pool, TenantEvent::new("t2", 1))
+                    .await
+                    .unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                count_tenant_event
+                    .process(&pool, TenantEvent::new("t1", 1))
+                    .await
+                    .unwrap(),
+                Outcome::Duplicate
+            );
+
+            let ids: Vec<String> =
+                sqlx::query_scalar($crate::common::sql::<$db>("SELECT message_id FROM inbox_messages ORDER BY message_id"))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(ids, [r#"["t1","1"]"#, r#"["t2","1"]"#]);
+        }
+
+        #[tokio::test]
+        async fn context_handler_sees_the_delivery_metadata() {
+            let Some(pool) = database("context_metadata").await else { return };
+            let inbox = Inbox::builder(pool.clone())
+                .consumer("billing")
+                .handler(record_metadata)
+                .build()
+                .await
+                .unwrap();
+            let event = TenantEvent::new("t1", 42);
+            let envelope = Envelope::encode("d-1", &event)
+                .unwrap()
+                .with_header("correlation-id", "c-9");
+
+            inbox.dispatch(&envelope).await.unwrap();
+
+            let row: (String, String, String, String, i64, String) = sqlx::query_as(
+                $crate::common::sql::<$db>("SELECT consumer, handler, message_id, aggregate, sequence, correlation FROM seen"),
+            )
+            .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!(ids, [r#"["t1","1"]"#, r#"["t2","1"]"#]);
-}
+            let aggregate = Uuid::from_u128(7).to_string();
+            assert_eq!(
+                row,
+                (
+                    "billing".into(),
+                    "record_metadata".into(),
+                    "42".into(),
+                    aggregate,
+                    1,
+                    "c-9".into()
+                )
+            );
+        }
 
-#[tokio::test]
-async fn context_handler_sees_the_delivery_metadata() {
-    let pool = database("context_metadata").await;
-    let inbox = Inbox::builder(pool.clone())
-        .consumer("billing")
-        .handler(record_metadata)
-        .build()
-        .await
-        .unwrap();
-    let event = TenantEvent::new("t1", 42);
-    let envelope = Envelope::encode("d-1", &event)
-        .unwrap()
-        .with_header("correlation-id", "c-9");
+        #[tokio::test]
+        async fn transaction_handler_writes_in_the_guarded_transaction() {
+            let Some(pool) = database("transaction_handle").await else { return };
+            let event = TenantEvent::new("t1", 5);
 
-    inbox.dispatch(&envelope).await.unwrap();
+            assert_eq!(
+                write_in_transaction
+                    .process(&pool, event.clone())
+                    .await
+                    .unwrap(),
+                Outcome::Processed
+            );
+            assert_eq!(
+                write_in_transaction.process(&pool, event).await.unwrap(),
+                Outcome::Duplicate
+            );
 
-    let row: (String, String, String, String, i64, String) = sqlx::query_as(
-        "SELECT consumer, handler, message_id, aggregate, sequence, correlation FROM seen",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    let aggregate = Uuid::from_u128(7).to_string();
-    assert_eq!(
-        row,
-        (
-            "billing".into(),
-            "record_metadata".into(),
-            "42".into(),
-            aggregate,
-            1,
-            "c-9".into()
-        )
-    );
-}
+            assert_eq!(seen(&pool).await, 1);
+        }
 
-#[tokio::test]
-async fn transaction_handler_writes_in_the_guarded_transaction() {
-    let pool = database("transaction_handle").await;
-    let event = TenantEvent::new("t1", 5);
+        #[tokio::test]
+        async fn each_consumer_handles_every_message_once() {
+            let Some(pool) = database("consumer_scopes").await else { return };
+            let envelope = Envelope::encode("d-1", &TenantEvent::new("t1", 1)).unwrap();
+            let billing = Inbox::builder(pool.clone())
+                .consumer("billing")
+                .handler(record_metadata)
+                .build()
+                .await
+                .unwrap();
+            let shipping = Inbox::builder(pool.clone())
+                .consumer("shipping")
+                .handler(record_metadata)
+                .build()
+                .await
+                .unwrap();
 
-    assert_eq!(
-        write_in_transaction
-            .process(&pool, event.clone())
-            .await
-            .unwrap(),
-        Outcome::Processed
-    );
-    assert_eq!(
-        write_in_transaction.process(&pool, event).await.unwrap(),
-        Outcome::Duplicate
-    );
-
-    assert_eq!(seen(&pool).await, 1);
-}
-
-#[tokio::test]
-async fn each_consumer_handles_every_message_once() {
-    let pool = database("consumer_scopes").await;
-    let envelope = Envelope::encode("d-1", &TenantEvent::new("t1", 1)).unwrap();
-    let billing = Inbox::builder(pool.clone())
-        .consumer("billing")
-        .handler(record_metadata)
-        .build()
-        .await
-        .unwrap();
-    let shipping = Inbox::builder(pool.clone())
-        .consumer("shipping")
-        .handler(record_metadata)
-        .build()
-        .await
-        .unwrap();
-
-    for inbox in [&billing, &shipping, &billing, &shipping] {
-        inbox.dispatch(&envelope).await.unwrap();
-    }
-
-    let consumers: Vec<String> = sqlx::query_scalar("SELECT consumer FROM seen ORDER BY consumer")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(consumers, ["billing", "shipping"]);
-}
-
-#[tokio::test]
-async fn building_without_the_schema_says_to_migrate() {
-    let pool = common::sqlite_without_schema("unmigrated").await;
-
-    let error = Inbox::builder(pool)
-        .handler(count_tenant_event)
-        .build()
-        .await
-        .err()
-        .unwrap();
-
-    assert!(matches!(error, BuildError::Schema(_)), "{error}");
-    assert!(
-        error
-            .to_string()
-            .contains("run `inbox::migrate(&pool)` first"),
-        "{error}"
-    );
-}
-
-#[tokio::test]
-async fn empty_consumer_is_refused() {
-    let pool = database("empty_consumer").await;
-
-    let error = Inbox::builder(pool)
-        .consumer(" ")
-        .handler(count_tenant_event)
-        .build()
-        .await
-        .err()
-        .unwrap();
-
-    assert!(matches!(error, BuildError::EmptyConsumer), "{error}");
-}
-
-#[tokio::test]
-async fn migrations_are_idempotent_and_kept_apart_from_the_application() {
-    let pool = database("migrations_apart").await;
-
-    inbox::migrate(&pool).await.unwrap();
-
-    let tables: Vec<String> = sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '%migrations' ORDER BY name")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(tables, [inbox::MIGRATIONS_TABLE]);
-}
-
-#[tokio::test]
-async fn printed_schema_is_enough_to_run() {
-    let pool = common::sqlite_without_schema("own_ddl").await;
-
-    sqlx::raw_sql(inbox::schema::<Sqlite>())
-        .execute(&pool)
-        .await
-        .unwrap();
-
-    let inbox = Inbox::builder(pool)
-        .handler(count_tenant_event)
-        .build()
-        .await
-        .unwrap();
-    let handled = inbox
-        .dispatch(&Envelope::encode("d-1", &TenantEvent::new("t1", 1)).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(handled[0].outcome, Outcome::Processed);
-}
-
-#[tokio::test]
-async fn message_only_handler_checks_identity_too() {
-    let pool = database("message_only_identity").await;
-
-    let error = count_tenant_event
-        .process(&pool, TenantEvent::new(&"t".repeat(600), 1))
-        .await
-        .unwrap_err();
-
-    assert!(
-        matches!(
-            error,
-            Error::InvalidIdentity {
-                what: "message id",
-                ..
+            for inbox in [&billing, &shipping, &billing, &shipping] {
+                inbox.dispatch(&envelope).await.unwrap();
             }
-        ),
-        "{error}"
-    );
+
+            let consumers: Vec<String> = sqlx::query_scalar($crate::common::sql::<$db>("SELECT consumer FROM seen ORDER BY consumer"))
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+            assert_eq!(consumers, ["billing", "shipping"]);
+        }
+
+        #[tokio::test]
+        async fn building_without_the_schema_says_to_migrate() {
+            let Some(pool) = $unmigrated("unmigrated").await else { return };
+
+            let error = Inbox::builder(pool)
+                .handler(count_tenant_event)
+                .build()
+                .await
+                .err()
+                .unwrap();
+
+            assert!(matches!(error, inbox::BuildError::Schema(_)), "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .contains("run `inbox::migrate(&pool)` first"),
+                "{error}"
+            );
+        }
+
+        #[tokio::test]
+        async fn empty_consumer_is_refused() {
+            let Some(pool) = database("empty_consumer").await else { return };
+
+            let error = Inbox::builder(pool)
+                .consumer(" ")
+                .handler(count_tenant_event)
+                .build()
+                .await
+                .err()
+                .unwrap();
+
+            assert!(matches!(error, inbox::BuildError::EmptyConsumer), "{error}");
+        }
+
+        #[tokio::test]
+        async fn migrations_are_idempotent_and_kept_apart_from_the_application() {
+            let Some(pool) = database("migrations_apart").await else { return };
+
+            inbox::migrate(&pool).await.unwrap();
+
+            let applied = format!("SELECT COUNT(*) FROM {}", inbox::MIGRATIONS_TABLE);
+            let applied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(applied)).fetch_one(&pool).await.unwrap();
+            assert!(applied > 0, "the inbox's migrations are recorded in its own table");
+            let application = sqlx::query("SELECT COUNT(*) FROM _sqlx_migrations").execute(&pool).await;
+            assert!(application.is_err(), "and not in the application's `_sqlx_migrations`");
+        }
+
+        #[tokio::test]
+        async fn printed_schema_is_enough_to_run() {
+            let Some(pool) = $unmigrated("own_ddl").await else { return };
+
+            sqlx::raw_sql(inbox::schema::<$db>())
+                .execute(&pool)
+                .await
+                .unwrap();
+
+            let inbox = Inbox::builder(pool)
+                .handler(count_tenant_event)
+                .build()
+                .await
+                .unwrap();
+            let handled = inbox
+                .dispatch(&Envelope::encode("d-1", &TenantEvent::new("t1", 1)).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(handled[0].outcome, Outcome::Processed);
+        }
+
+        #[tokio::test]
+        async fn message_only_handler_checks_identity_too() {
+            let Some(pool) = database("message_only_identity").await else { return };
+
+            let error = count_tenant_event
+                .process(&pool, TenantEvent::new(&"t".repeat(600), 1))
+                .await
+                .unwrap_err();
+
+            assert!(
+                matches!(
+                    error,
+                    inbox::Error::InvalidIdentity {
+                        what: "message id",
+                        ..
+                    }
+                ),
+                "{error}"
+            );
+        }
+    };
 }
+
+common::on_every_backend!(handlers_suite);

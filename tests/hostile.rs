@@ -10,7 +10,7 @@
 mod common;
 
 macro_rules! hostile_suite {
-    ($db:ty, $conn:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
         use std::sync::atomic::{AtomicU32, Ordering};
         use std::time::Duration;
 

@@ -4,7 +4,7 @@
 mod common;
 
 macro_rules! runtime_suite {
-    ($db:ty, $conn:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
         use std::time::Duration;
 
         use inbox::prelude::*;

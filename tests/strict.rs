@@ -5,7 +5,7 @@
 mod common;
 
 macro_rules! strict_suite {
-    ($db:ty, $conn:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
         use std::collections::BTreeMap;
         use std::time::Duration;
 

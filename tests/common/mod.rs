@@ -54,22 +54,38 @@ fn unique(test: &str) -> String {
 pub mod ledger;
 pub mod queries;
 
-/// Runs a behaviour suite on every backend: `$suite!(database, connection, connect)` in a module
-/// named after each. Adding a database is one line here (and its `connect` function below).
+/// Runs a behaviour suite on every backend: `$suite!(database, connection, connect, unmigrated)`
+/// in a module named after each, where `connect` gives a migrated database of the test's own and
+/// `unmigrated` an empty one. Adding a database is one line here (and its two functions below).
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($suite:ident) => {
         mod sqlite {
-            $suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+            $suite!(
+                sqlx::Sqlite,
+                sqlx::SqliteConnection,
+                crate::common::sqlite,
+                crate::common::sqlite_without_schema
+            );
         }
 
         mod postgres {
-            $suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+            $suite!(
+                sqlx::Postgres,
+                sqlx::PgConnection,
+                crate::common::postgres,
+                crate::common::postgres_without_schema
+            );
         }
 
         #[cfg(feature = "mysql")]
         mod mysql {
-            $suite!(sqlx::MySql, sqlx::MySqlConnection, crate::common::mysql);
+            $suite!(
+                sqlx::MySql,
+                sqlx::MySqlConnection,
+                crate::common::mysql,
+                crate::common::mysql_without_schema
+            );
         }
     };
 }
@@ -78,34 +94,35 @@ pub(crate) use on_every_backend;
 
 /// A migrated SQLite database in a new file (always available; `Option` to match [`postgres`]).
 pub async fn sqlite(test: &str) -> Option<SqlitePool> {
-    let pool = sqlite_without_schema(test).await;
+    let pool = sqlite_without_schema(test).await?;
     inbox::migrate(&pool).await.expect("migrate SQLite");
     Some(pool)
 }
 
 /// An empty SQLite database in a new file, with the inbox's connection options.
-pub async fn sqlite_without_schema(test: &str) -> SqlitePool {
+pub async fn sqlite_without_schema(test: &str) -> Option<SqlitePool> {
     let path = std::env::temp_dir().join(format!("inbox_{}.db", unique(test)));
     let url = format!("sqlite://{}", path.display());
     let options = inbox::sqlite_options(&url).expect("valid SQLite URL");
-    SqlitePoolOptions::new()
+    let pool = SqlitePoolOptions::new()
         .max_connections(8)
-        .connect_with(options)
-        .await
-        .expect("open SQLite")
+        .connect_with(options);
+    Some(pool.await.expect("open SQLite"))
 }
 
 /// A migrated PostgreSQL schema of its own, or `None` (with a line saying so) when no server is
 /// configured. Under `CI=true` a missing server fails the test instead.
 pub async fn postgres(test: &str) -> Option<PgPool> {
-    let url = postgres_url(test).await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(24)
-        .connect(&url)
-        .await
-        .expect("connect PostgreSQL");
+    let pool = postgres_without_schema(test).await?;
     inbox::migrate(&pool).await.expect("migrate PostgreSQL");
     Some(pool)
+}
+
+/// An empty PostgreSQL schema of its own, like [`postgres`] without the inbox tables.
+pub async fn postgres_without_schema(test: &str) -> Option<PgPool> {
+    let url = postgres_url(test).await?;
+    let pool = PgPoolOptions::new().max_connections(24).connect(&url);
+    Some(pool.await.expect("connect PostgreSQL"))
 }
 
 /// The URL of a new SQLite database file that does not exist yet, for programs that connect by
@@ -156,28 +173,28 @@ fn server_url(var: &str, database: &str, test: &str) -> Option<String> {
 /// configured. Under `CI=true` a missing server fails the test instead.
 #[cfg(feature = "mysql")]
 pub async fn mysql(test: &str) -> Option<sqlx::MySqlPool> {
+    let pool = mysql_without_schema(test).await?;
+    inbox::migrate(&pool).await.expect("migrate MySQL");
+    Some(pool)
+}
+
+/// An empty MySQL database of its own, like [`mysql`] without the inbox tables.
+#[cfg(feature = "mysql")]
+pub async fn mysql_without_schema(test: &str) -> Option<sqlx::MySqlPool> {
     let url = mysql_url(test).await?;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(24)
-        .connect(&url)
-        .await
-        .expect("connect MySQL");
-    inbox::migrate(&pool).await.expect("migrate MySQL");
-    Some(pool)
+        .connect(&url);
+    Some(pool.await.expect("connect MySQL"))
 }
 
 /// The URL of a new, empty MySQL database of its own (no inbox tables), like [`postgres_url`].
 #[cfg(feature = "mysql")]
 pub async fn mysql_url(test: &str) -> Option<String> {
     let url = server_url(MYSQL_URL_VAR, "MySQL", test)?;
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
     // MySQL names are at most 64 characters.
     let prefix: String = test.chars().take(32).collect();
-    let database = format!("inbox_t_{prefix}_{}_{n}_{nanos}", std::process::id());
+    let database = format!("inbox_t_{}", unique(&prefix));
     let mut admin = sqlx::MySqlConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach MySQL at {url}: {e}"));
