@@ -76,15 +76,19 @@ async fn connect_postgres(url: &str) -> Result<PgPool, CliError> {
         // What a DBA sees in pg_stat_activity, unless the URL or PGAPPNAME says otherwise.
         options = options.application_name("inbox-cli");
     }
-    let target = format!(
-        "at {}:{}/{}",
+    let target = server(
         options.get_host(),
         options.get_port(),
-        options.get_database().unwrap_or_default()
+        options.get_database(),
     );
     open(options)
         .await
         .map_err(|source| CliError::Connect { target, source })
+}
+
+/// Where a server database is, for an error message: never the credentials.
+fn server(host: &str, port: u16, database: Option<&str>) -> String {
+    format!("at {host}:{port}/{}", database.unwrap_or_default())
 }
 
 async fn connect_sqlite(url: &str, create_file: bool) -> Result<SqlitePool, CliError> {
@@ -108,11 +112,10 @@ async fn connect_sqlite(url: &str, create_file: bool) -> Result<SqlitePool, CliE
 async fn connect_mysql(url: &str) -> Result<sqlx::MySqlPool, CliError> {
     let url = url.replacen("mariadb://", "mysql://", 1);
     let options = sqlx::mysql::MySqlConnectOptions::from_str(&url).map_err(CliError::InvalidUrl)?;
-    let target = format!(
-        "at {}:{}/{}",
+    let target = server(
         options.get_host(),
         options.get_port(),
-        options.get_database().unwrap_or_default()
+        options.get_database(),
     );
     open(options)
         .await

@@ -153,32 +153,19 @@ pub async fn record_failure<DB: Backend>(
 ) -> Result<Option<u32>, sqlx::Error> {
     let sql = DB::SQL.messages;
     let error = storable_text(failure.error);
-    let [
-        consumer,
-        handler,
-        message_id,
-        message_type,
-        aggregate,
-        sequence,
-        hash,
-    ] = claim_params(claim);
-    let first = [
-        consumer,
-        handler,
-        message_id,
-        message_type,
-        aggregate,
-        sequence,
-        hash,
+    let identity = claim_params(claim);
+    let recorded = [
         Param::Bytes(failure.payload),
         Param::Text(failure.headers),
         Param::Text(&error),
         Param::Text(&error),
         Param::Int(claim.now_ms),
     ];
+    let first: Vec<Param<'_>> = identity.iter().chain(&recorded).copied().collect();
     if insert_unless_there::<DB>(sql::conn(tx), sql.insert_failure, &first).await? {
         return Ok(Some(1));
     }
+    let [consumer, handler, message_id, _, _, _, hash] = identity;
     let again = [
         Param::Text(&error),
         Param::Text(&error),
