@@ -120,7 +120,5 @@ pub mod __private {
         Backend, Context, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Error, Handler, HandlerError,
         HandlerResult, Identifier, Identity, Message, Ordering, SequenceNumber,
     };
-    #[cfg(feature = "mysql")]
-    pub use sqlx::MySql;
-    pub use sqlx::{Postgres, Sqlite};
+    pub use sqlx::Connection;
 }

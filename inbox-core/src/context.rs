@@ -113,25 +113,6 @@ pub trait DatabaseHandle<'t, DB: crate::Backend> {
     fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self;
 }
 
-impl<'t> DatabaseHandle<'t, sqlx::Postgres> for sqlx::PgConnection {
-    fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Postgres>) -> &'c mut Self {
-        &mut ctx.tx
-    }
-}
-
-impl<'t> DatabaseHandle<'t, sqlx::Sqlite> for sqlx::SqliteConnection {
-    fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::Sqlite>) -> &'c mut Self {
-        &mut ctx.tx
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl<'t> DatabaseHandle<'t, sqlx::MySql> for sqlx::MySqlConnection {
-    fn from_context<'c>(ctx: &'c mut Context<'t, sqlx::MySql>) -> &'c mut Self {
-        &mut ctx.tx
-    }
-}
-
 impl<'t, DB: crate::Backend> DatabaseHandle<'t, DB> for Transaction<'static, DB> {
     fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self {
         &mut ctx.tx

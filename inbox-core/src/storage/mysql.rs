@@ -14,6 +14,7 @@
 //! - no partial indexes: a generated column and composite indexes (see the migration);
 //! - `GET_LOCK` for the purge leader, `DATE_FORMAT` and `TIMESTAMPDIFF` for times.
 
+use crate::context::{Context, DatabaseHandle};
 use sqlx::migrate::Migrator;
 use sqlx::{MySql, Pool, Transaction};
 
@@ -182,6 +183,13 @@ const SQL: Statements = Statements {
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
         s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
 };
+
+/// A handler may take the guarded transaction as a plain `&mut sqlx::MySqlConnection`.
+impl<'t> DatabaseHandle<'t, MySql> for sqlx::MySqlConnection {
+    fn from_context<'c>(ctx: &'c mut Context<'t, MySql>) -> &'c mut Self {
+        ctx
+    }
+}
 
 impl Backend for MySql {
     const DEFAULT_WORKERS: usize = 4;

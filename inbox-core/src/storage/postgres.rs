@@ -2,6 +2,7 @@
 //! an advisory lock for the purge leader. SQLite speaks most of this dialect too (see
 //! `sqlite.rs`, which names only what it says differently).
 
+use crate::context::{Context, DatabaseHandle};
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Postgres, Transaction};
 
@@ -190,6 +191,13 @@ pub(super) const SQL: Statements = Statements {
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
         s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
 };
+
+/// A handler may take the guarded transaction as a plain `&mut sqlx::PgConnection`.
+impl<'t> DatabaseHandle<'t, Postgres> for sqlx::PgConnection {
+    fn from_context<'c>(ctx: &'c mut Context<'t, Postgres>) -> &'c mut Self {
+        ctx
+    }
+}
 
 impl Backend for Postgres {
     const DEFAULT_WORKERS: usize = 4;

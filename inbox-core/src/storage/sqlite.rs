@@ -3,6 +3,7 @@
 //! rather walk the primary key of the consumer), the purge's row ids, and the file it lives in.
 //! Transactions begin `IMMEDIATE`, taking the one write lock up front.
 
+use crate::context::{Context, DatabaseHandle};
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Sqlite, Transaction};
 
@@ -74,6 +75,13 @@ const SQL: Statements = Statements {
     },
     ..postgres::SQL
 };
+
+/// A handler may take the guarded transaction as a plain `&mut sqlx::SqliteConnection`.
+impl<'t> DatabaseHandle<'t, Sqlite> for sqlx::SqliteConnection {
+    fn from_context<'c>(ctx: &'c mut Context<'t, Sqlite>) -> &'c mut Self {
+        ctx
+    }
+}
 
 impl Backend for Sqlite {
     const DEFAULT_WORKERS: usize = 1;

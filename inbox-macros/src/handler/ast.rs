@@ -9,9 +9,9 @@ use crate::ctxt::Ctxt;
 
 /// The database a handler writes to, read from its first parameter's type.
 pub enum Database<'a> {
-    Postgres,
-    Sqlite,
-    MySql,
+    /// The database of a connection such as `sqlx::PgConnection`: its `sqlx::Connection::Database`,
+    /// so that every database sqlx and the inbox support works without the macro knowing it.
+    OfConnection(&'a Type),
     /// The `DB` of `Transaction<'_, DB>` or `Context<'_, DB>`.
     Named(&'a Type),
 }
@@ -118,8 +118,9 @@ fn database_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<DatabaseParam<'a>
             return None;
         }
     };
-    let database = match ungroup(&reference.elem) {
-        Type::Path(path) => database_of(path),
+    let handle = ungroup(&reference.elem);
+    let database = match handle {
+        Type::Path(path) => database_of(handle, path),
         _ => None,
     };
     let Some(database) = database else {
@@ -135,13 +136,13 @@ fn database_param<'a>(cx: &Ctxt, param: &'a PatType) -> Option<DatabaseParam<'a>
     })
 }
 
-fn database_of(path: &TypePath) -> Option<Database<'_>> {
+/// `Transaction<'_, DB>` and `Context<'_, DB>` name their database; a sqlx connection type
+/// (`PgConnection`, `SqliteConnection`, `MySqlConnection`, ...) implies it.
+fn database_of<'a>(handle: &'a Type, path: &'a TypePath) -> Option<Database<'a>> {
     let last = path.path.segments.last()?;
     match last.ident.to_string().as_str() {
-        "PgConnection" => Some(Database::Postgres),
-        "MySqlConnection" => Some(Database::MySql),
-        "SqliteConnection" => Some(Database::Sqlite),
         "Transaction" | "Context" => first_type_argument(&last.arguments).map(Database::Named),
+        name if name.ends_with("Connection") => Some(Database::OfConnection(handle)),
         _ => None,
     }
 }

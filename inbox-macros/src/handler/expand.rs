@@ -209,9 +209,9 @@ impl Expansion<'_> {
     fn database(&self, param: &DatabaseParam<'_>) -> TokenStream {
         let krate = &self.krate;
         match param.database {
-            Database::Postgres => quote!(#krate::__private::Postgres),
-            Database::Sqlite => quote!(#krate::__private::Sqlite),
-            Database::MySql => quote!(#krate::__private::MySql),
+            Database::OfConnection(connection) => {
+                quote!(<#connection as #krate::__private::Connection>::Database)
+            }
             Database::Named(database) => quote!(#database),
         }
     }
