@@ -132,6 +132,46 @@ macro_rules! runtime_suite {
             }
         }
 
+        /// Lets the handler of account `hold` go on, one message per permit.
+        static HOLD: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+        /// Credits, but waits for a [`HOLD`] permit on account `hold`, inside its transaction.
+        #[inbox_handler(key = "event_id", aggregate = "account", name = "held")]
+        async fn held(tx: &mut $conn, msg: Credited) -> Result<(), HandlerError> {
+            if msg.account == "hold" {
+                HOLD.acquire().await.expect("the semaphore stays open").forget();
+            }
+            apply_credit(tx, &msg).await
+        }
+
+        #[tokio::test]
+        async fn an_aggregate_that_is_held_up_holds_up_no_other() {
+            if <$db as inbox::Backend>::DEFAULT_WORKERS == 1 {
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), b"SKIPPED on this backend: one writer at a time, so a held transaction holds up every other\n");
+                return;
+            }
+            let Some(pool) = ledger("held_aggregate").await else { return };
+            let inbox = Inbox::builder(pool.clone()).workers(2).handler(held).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            broker.publish(envelope(&Credited::new("held-1", "hold", 1, 1)));
+            let others = 40;
+            for n in 0..others {
+                broker.publish(envelope(&Credited::new(format!("other-{n}"), format!("acct-{n}"), 1, 1)));
+            }
+            let others_done = async {
+                while count(&pool, "applied").await < others {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                HOLD.add_permits(1);
+            };
+
+            let run = tokio::time::timeout(Duration::from_secs(20), inbox.run_until(broker.source(), others_done));
+
+            let report = run.await.expect("the other aggregates waited behind the held one").unwrap();
+            assert_eq!(report.count(Outcome::Processed), others as u64 + 1, "{report:?}");
+            assert_eq!(balance(&pool, "hold").await, 1);
+        }
+
         #[tokio::test]
         async fn failed_delivery_is_handed_back_and_redelivered_until_it_succeeds() {
             let Some(pool) = ledger("redelivery").await else { return };

@@ -139,8 +139,10 @@ impl<DB: Backend> Inbox<DB> {
     /// is recorded, see [`Error::Handler`]), and redelivering the envelope retries the failed
     /// handlers while the others report [`Outcome::Duplicate`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
-        let jobs = self.shared.prepare(envelope)?;
-        let results = self.shared.execute(jobs, envelope).await;
+        let mut results = Vec::new();
+        for job in self.shared.prepare(envelope)? {
+            results.push(self.shared.execute(job, envelope).await);
+        }
         if results
             .iter()
             .any(|r| matches!(r, Ok(h) if h.outcome == Outcome::Processed))
@@ -480,17 +482,13 @@ impl<DB: Backend> Shared<DB> {
         self.registry.prepare(envelope)
     }
 
-    /// Runs each job, every one even if another fails, and returns each result.
+    /// Runs one handler's job, guarded, with that handler's retry policy.
     pub(crate) async fn execute(
         &self,
-        jobs: Vec<Box<dyn Job<DB>>>,
+        job: Box<dyn Job<DB>>,
         envelope: &Envelope,
-    ) -> Vec<Result<Handled, Error>> {
-        let mut results = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            let retry = self.retry.of(job.handler());
-            results.push(job.run(&self.pool, &self.consumer, envelope, retry).await);
-        }
-        results
+    ) -> Result<Handled, Error> {
+        let retry = self.retry.of(job.handler());
+        job.run(&self.pool, &self.consumer, envelope, retry).await
     }
 }

@@ -7,6 +7,7 @@ mod builder;
 mod inbox;
 mod registry;
 mod route;
+mod schedule;
 mod source;
 mod worker;
 

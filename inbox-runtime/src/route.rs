@@ -62,6 +62,7 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
 /// One decoded message for one handler.
 pub(crate) trait Job<DB: Backend>: Send {
     fn aggregate(&self) -> Option<&str>;
+    fn message_id(&self) -> &str;
     fn run<'a>(
         self: Box<Self>,
         pool: &'a Pool<DB>,
@@ -151,6 +152,10 @@ struct HandlerJob<H: Handler<DB>, DB: Backend> {
 impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     fn aggregate(&self) -> Option<&str> {
         self.identity.aggregate()
+    }
+
+    fn message_id(&self) -> &str {
+        self.identity.message_id()
     }
 
     fn handler(&self) -> &'static str {

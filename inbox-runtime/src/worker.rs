@@ -1,5 +1,6 @@
-//! The worker loop: one router pulls deliveries and hands each handler's job to the worker that
-//! owns that handler's aggregate; workers guard and commit, and the last job of a delivery to
+//! The worker loop: one router pulls deliveries and queues each handler's job in the
+//! [`Scheduler`], keyed by that handler's aggregate; any free worker takes the oldest job whose
+//! aggregate is not being handled, guards and commits it, and the last job of a delivery to
 //! finish settles it with the broker.
 //!
 //! The rule for several handlers of one message type: each handler's messages are serialized by
@@ -7,19 +8,19 @@
 //! whatever field the others partition by.
 
 use std::future::Future;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inbox_core::{Backend, Envelope, Error, Outcome};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
 use crate::route::{Handled, Job};
+use crate::schedule::{Scheduler, Serial};
 use crate::source::{Acknowledge, Delivery, Source, SourceError};
 
-/// Jobs queued per worker before the router waits: bounds the work pulled but not done.
+/// Jobs pulled per worker before the router waits: bounds the work pulled but not settled.
 const QUEUE_PER_WORKER: usize = 16;
 
 /// How many deliveries of a failed message that came before its retry was due are handed back to
@@ -37,15 +38,12 @@ const UNHANDLED_LIMIT: u32 = 10;
 const FIRST_UNHANDLED_DELAY: Duration = Duration::from_millis(100);
 const MAX_UNHANDLED_DELAY: Duration = Duration::from_secs(60);
 
-/// A worker's index and the jobs of one delivery it runs.
-type Assigned<DB> = (usize, Vec<Box<dyn Job<DB>>>);
-
 /// What the last job of a delivery hands over to settle it.
 type Finished = (Vec<Result<Handled, Error>>, Box<dyn Acknowledge>);
 
-/// The jobs of one delivery that one worker runs, in order.
+/// One handler's job for one delivery.
 struct Work<DB: Backend> {
-    jobs: Vec<Box<dyn Job<DB>>>,
+    job: Box<dyn Job<DB>>,
     pending: Arc<Pending>,
 }
 
@@ -54,6 +52,8 @@ struct Pending {
     envelope: Envelope,
     attempt: u32,
     settling: Mutex<Settling>,
+    /// The delivery's room in the scheduler, given back once it is settled.
+    _room: OwnedSemaphorePermit,
 }
 
 /// What the jobs of a pending delivery have gathered so far.
@@ -73,11 +73,13 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     sweep(&shared, &mut report, consuming_since).await;
     let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared), consuming_since);
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
-    let (queues, workers): (Vec<_>, Vec<_>) = (0..shared.workers)
-        .map(|_| spawn_worker(Arc::clone(&shared)))
-        .unzip();
-    let routed = route(&shared, &mut source, &queues, shutdown, &mut report).await;
-    drop(queues);
+    let capacity = shared.workers * QUEUE_PER_WORKER;
+    let scheduler = Arc::new(Scheduler::new(shared.workers, capacity));
+    let workers: Vec<_> = (0..shared.workers)
+        .map(|_| tokio::spawn(handle_all(Arc::clone(&shared), Arc::clone(&scheduler))))
+        .collect();
+    let routed = route(&shared, &mut source, &scheduler, shutdown, &mut report).await;
+    scheduler.close();
     for worker in workers {
         match worker.await {
             Ok(done) => report.merge(done),
@@ -177,13 +179,13 @@ fn spawn_purger<DB: Backend>(shared: Arc<Shared<DB>>) -> (oneshot::Sender<()>, J
     (stop, purger)
 }
 
-/// Pulls deliveries until the source ends or `shutdown` completes, and hands each handler's job
-/// to its worker; a delivery that cannot be handled at all is rejected here. A source error is
+/// Pulls deliveries until the source ends or `shutdown` completes, and queues each handler's job
+/// under its aggregate; a delivery that cannot be handled at all is rejected here. A source error is
 /// logged and counted, and the source is asked again after a growing delay.
 async fn route<DB: Backend, S: Source>(
     shared: &Shared<DB>,
     source: &mut S,
-    queues: &[mpsc::Sender<Work<DB>>],
+    scheduler: &Scheduler<Work<DB>>,
     shutdown: impl Future<Output = ()>,
     report: &mut RunReport,
 ) -> Result<(), RunError> {
@@ -218,29 +220,27 @@ async fn route<DB: Backend, S: Source>(
                 continue;
             }
         };
-        let assigned = assign(jobs, delivery.envelope(), queues.len());
-        let owners: Vec<usize> = assigned.iter().map(|(worker, _)| *worker).collect();
-        let mut permits = Vec::with_capacity(owners.len());
-        for worker in owners {
-            let permit = tokio::select! {
-                biased;
-                () = &mut shutdown => {
-                    settle_unhandled(delivery).await;
-                    return Ok(());
-                }
-                permit = queues[worker].reserve() => permit,
-            };
-            match permit {
-                Ok(permit) => permits.push(permit),
-                // The worker is gone only if it panicked; joining it re-raises that panic.
-                Err(_) => return Ok(()),
+        let room = tokio::select! {
+            biased;
+            () = &mut shutdown => {
+                settle_unhandled(delivery).await;
+                return Ok(());
             }
-        }
+            room = scheduler.room(jobs.len()) => room,
+        };
+        // No room is ever refused while a worker runs; the last one is gone only if it panicked,
+        // and joining it re-raises that panic.
+        let Ok(room) = room else { return Ok(()) };
         in_flight(&shared.consumer).increment(1.0);
-        let pending = Arc::new(Pending::new(delivery, assigned.len()));
-        for (permit, (_, jobs)) in permits.into_iter().zip(assigned) {
+        let pending = Arc::new(Pending::new(delivery, jobs.len(), room));
+        for job in jobs {
+            let serial = match job.aggregate() {
+                Some(aggregate) => Serial::Aggregate(aggregate.to_owned()),
+                None => Serial::Message(job.message_id().to_owned()),
+            };
+            let key = (job.handler(), serial);
             let pending = Arc::clone(&pending);
-            permit.send(Work { jobs, pending });
+            scheduler.push(key, Work { job, pending });
         }
     }
 }
@@ -252,29 +252,6 @@ fn growing_delay(times: u32) -> Duration {
     FIRST_UNHANDLED_DELAY
         .saturating_mul(1 << doublings)
         .min(MAX_UNHANDLED_DELAY)
-}
-
-/// Groups a delivery's jobs by the worker that owns each one's aggregate (or, without one, the
-/// delivery's id), in registration order.
-fn assign<DB: Backend>(
-    jobs: Vec<Box<dyn Job<DB>>>,
-    envelope: &Envelope,
-    workers: usize,
-) -> Vec<Assigned<DB>> {
-    let mut assigned: Vec<Assigned<DB>> = Vec::new();
-    for job in jobs {
-        let mut hasher = DefaultHasher::new();
-        match job.aggregate() {
-            Some(aggregate) => (job.handler(), aggregate).hash(&mut hasher),
-            None => envelope.id().hash(&mut hasher),
-        }
-        let worker = (hasher.finish() % workers as u64) as usize;
-        match assigned.iter_mut().find(|(owner, _)| *owner == worker) {
-            Some((_, jobs)) => jobs.push(job),
-            None => assigned.push((worker, vec![job])),
-        }
-    }
-    assigned
 }
 
 /// Hands a pulled delivery back to the broker unhandled, at shutdown.
@@ -367,23 +344,25 @@ async fn store_rejected<DB: Backend>(
     Ok(())
 }
 
-fn spawn_worker<DB: Backend>(
-    shared: Arc<Shared<DB>>,
-) -> (mpsc::Sender<Work<DB>>, JoinHandle<RunReport>) {
-    let (queue, work) = mpsc::channel(QUEUE_PER_WORKER);
-    (queue, tokio::spawn(handle_all(shared, work)))
-}
-
-/// Runs queued jobs in order until the router closes the queue; the worker that finishes a
-/// delivery's last job settles it.
+/// Runs jobs as the scheduler hands them out until it is closed and empty; the worker that
+/// finishes a delivery's last job settles it.
 async fn handle_all<DB: Backend>(
     shared: Arc<Shared<DB>>,
-    mut work: mpsc::Receiver<Work<DB>>,
+    scheduler: Arc<Scheduler<Work<DB>>>,
 ) -> RunReport {
+    /// Tells the scheduler this worker is gone, also when it unwinds.
+    struct Gone<'s, DB: Backend>(&'s Scheduler<Work<DB>>);
+    impl<DB: Backend> Drop for Gone<'_, DB> {
+        fn drop(&mut self) {
+            self.0.worker_gone();
+        }
+    }
+    let _gone = Gone(&scheduler);
     let mut report = RunReport::default();
-    while let Some(Work { jobs, pending }) = work.recv().await {
-        let results = shared.execute(jobs, &pending.envelope).await;
-        if let Some((results, acker)) = pending.finish(results) {
+    while let Some((Work { job, pending }, busy)) = scheduler.take().await {
+        let result = shared.execute(job, &pending.envelope).await;
+        drop(busy);
+        if let Some((results, acker)) = pending.finish(result) {
             settle_delivery(&shared, &pending, results, acker, &mut report).await;
         }
     }
@@ -391,7 +370,7 @@ async fn handle_all<DB: Backend>(
 }
 
 impl Pending {
-    fn new(delivery: Delivery, jobs: usize) -> Self {
+    fn new(delivery: Delivery, jobs: usize, room: OwnedSemaphorePermit) -> Self {
         let (envelope, attempt, acker) = delivery.into_parts();
         let settling = Settling {
             results: Vec::new(),
@@ -402,13 +381,14 @@ impl Pending {
             envelope,
             attempt,
             settling: Mutex::new(settling),
+            _room: room,
         }
     }
 
-    /// Adds one worker's results; for the last one, returns them all and the means to settle.
-    fn finish(&self, results: Vec<Result<Handled, Error>>) -> Option<Finished> {
+    /// Adds one job's result; for the last one, returns them all and the means to settle.
+    fn finish(&self, result: Result<Handled, Error>) -> Option<Finished> {
         let mut settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
-        settling.results.extend(results);
+        settling.results.push(result);
         settling.remaining -= 1;
         if settling.remaining > 0 {
             return None;

@@ -57,7 +57,7 @@ macro_rules! ledger_handlers {
         mod handlers {
         use super::*;
 
-        async fn apply_credit(tx: &mut $conn, msg: &Credited) -> Result<(), HandlerError> {
+        pub async fn apply_credit(tx: &mut $conn, msg: &Credited) -> Result<(), HandlerError> {
             let position: i64 =
                 sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM applied WHERE account = $1"))
                     .bind(msg.account.as_str())

@@ -1,0 +1,144 @@
+//! Keyed scheduling: any free worker takes the oldest waiting job whose key (a handler and one of
+//! its aggregates, or a message id for a handler without aggregates) is not being handled, so one
+//! aggregate's jobs run one at a time and in arrival order, while no worker idles as long as some
+//! other aggregate has work.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
+
+/// What serializes jobs: a handler, and what its messages are ordered by.
+pub(crate) type Key = (&'static str, Serial);
+
+/// What one handler's jobs are serialized by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Serial {
+    /// The aggregate, for a handler with one: its messages in arrival order.
+    Aggregate(String),
+    /// The message id, for a handler without: copies of one message never race each other.
+    Message(String),
+}
+
+/// Jobs waiting for a worker, and the keys of those being handled.
+pub(crate) struct Scheduler<T> {
+    state: Mutex<State<T>>,
+    /// Signalled when a job arrives, a key is free again, or the scheduler closes.
+    changed: Notify,
+    /// Bounds the work pulled from the source and not yet settled.
+    room: Arc<Semaphore>,
+    capacity: usize,
+}
+
+struct State<T> {
+    waiting: VecDeque<(Key, T)>,
+    handling: HashSet<Key>,
+    closed: bool,
+    workers: usize,
+}
+
+/// A taken job's key: busy until this is dropped (also when the worker unwinds), so the
+/// aggregate's next job waits for this one to end.
+pub(crate) struct Busy<'s, T> {
+    scheduler: &'s Scheduler<T>,
+    key: Key,
+}
+
+impl<T> Scheduler<T> {
+    /// A scheduler for `workers` workers, with room for `capacity` units of work in flight.
+    pub(crate) fn new(workers: usize, capacity: usize) -> Self {
+        let state = State {
+            waiting: VecDeque::new(),
+            handling: HashSet::new(),
+            closed: false,
+            workers,
+        };
+        Self {
+            state: Mutex::new(state),
+            changed: Notify::new(),
+            room: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        }
+    }
+
+    /// Waits until there is room for `units` more units of work (at most the whole capacity);
+    /// the room is given back when the permit is dropped. Fails once every worker is gone.
+    pub(crate) async fn room(&self, units: usize) -> Result<OwnedSemaphorePermit, AcquireError> {
+        let units = units.clamp(1, self.capacity) as u32;
+        Arc::clone(&self.room).acquire_many_owned(units).await
+    }
+
+    /// Queues a job behind the earlier jobs of its key.
+    pub(crate) fn push(&self, key: Key, job: T) {
+        self.lock().waiting.push_back((key, job));
+        self.changed.notify_waiters();
+    }
+
+    /// Says no more jobs will come: workers end once the waiting ones are done.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.changed.notify_waiters();
+    }
+
+    /// The oldest waiting job whose key is free, waiting for one; `None` once the scheduler is
+    /// closed and nothing waits.
+    pub(crate) async fn take(&self) -> Option<(T, Busy<'_, T>)> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut state = self.lock();
+                if let Some((key, job)) = state.take_free() {
+                    return Some((
+                        job,
+                        Busy {
+                            scheduler: self,
+                            key,
+                        },
+                    ));
+                }
+                if state.closed && state.waiting.is_empty() {
+                    return None;
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Marks a worker as gone; when the last one is, no room is left for new work.
+    pub(crate) fn worker_gone(&self) {
+        let mut state = self.lock();
+        state.workers -= 1;
+        if state.workers == 0 {
+            self.room.close();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<T> State<T> {
+    /// Removes the first waiting job whose key is free and marks the key busy. A job never
+    /// overtakes an earlier one of its key: that one comes first in the queue, and while the
+    /// key is busy, both wait.
+    fn take_free(&mut self) -> Option<(Key, T)> {
+        let handling = &self.handling;
+        let index = self
+            .waiting
+            .iter()
+            .position(|(key, _)| !handling.contains(key))?;
+        let (key, job) = self.waiting.remove(index)?;
+        self.handling.insert(key.clone());
+        Some((key, job))
+    }
+}
+
+impl<T> Drop for Busy<'_, T> {
+    fn drop(&mut self) {
+        self.scheduler.lock().handling.remove(&self.key);
+        self.scheduler.changed.notify_waiters();
+    }
+}
