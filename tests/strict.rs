@@ -33,6 +33,43 @@ macro_rules! strict_suite {
                 .expect("build inbox")
         }
 
+        #[tokio::test]
+        async fn consuming_does_not_wait_for_the_first_sweep() {
+            if <$db as inbox::Backend>::DEFAULT_WORKERS == 1 {
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), b"SKIPPED on this backend: one writer at a time, so a held stream lock holds up every write\n");
+                return;
+            }
+            let Some(pool) = ledger("first_sweep_beside").await else { return };
+            assert_eq!(strict(&pool, "crashed", 1).await, Outcome::Processed);
+            assert_eq!(strict(&pool, "crashed", 3).await, Outcome::Parked);
+            // #2 applied, and the process died before releasing #3: the first sweep releases it.
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_streams SET last_sequence = 2 WHERE aggregate_id = 'crashed'")).execute(&pool).await.unwrap();
+            // Someone holds the stream (at the guard's isolation: on MySQL, REPEATABLE READ would
+            // gap-lock the new stream too): the first sweep waits for it.
+            let mut holder = <$db as inbox::Backend>::begin(&pool).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'crashed' FOR UPDATE")).fetch_one(&mut *holder).await.unwrap();
+            let inbox = Inbox::builder(pool.clone()).workers(2).handler(credit_strict).build().await.unwrap();
+            let broker = inbox::MemoryBroker::new();
+            broker.publish(Envelope::encode("d-1", &event("live", 1)).unwrap());
+            broker.close();
+            let run = tokio::spawn({
+                let (inbox, source) = (inbox.clone(), broker.source());
+                async move { inbox.run(source).await }
+            });
+
+            let consumed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                while balance(&pool, "live").await == 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            });
+            consumed.await.expect("the delivery waited for the first sweep");
+            holder.rollback().await.unwrap();
+            let report = run.await.unwrap().unwrap();
+
+            assert_eq!(report.count(Outcome::Released), 1, "{report:?}");
+            assert_eq!(balance(&pool, "crashed").await, 1 + 3);
+        }
+
         /// Makes every failed message's retry due now, as if its backoff had passed.
         async fn due_now(pool: &Pool) {
             sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'")).execute(pool).await.unwrap();

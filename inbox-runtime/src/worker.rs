@@ -70,7 +70,6 @@ pub(crate) async fn run<DB: Backend, S: Source>(
 ) -> Result<RunReport, RunError> {
     let mut report = RunReport::default();
     let consuming_since = Instant::now();
-    sweep(&shared, &mut report, consuming_since).await;
     let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared), consuming_since);
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let capacity = shared.workers * QUEUE_PER_WORKER;
@@ -98,7 +97,8 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     routed.map(|()| report)
 }
 
-/// Sweeps every [`Shared::sweep_period`] until the sender is dropped; returns what the sweeps
+/// Sweeps at once (consuming starts meanwhile: a slow first sweep after a restart stalls nothing),
+/// then every [`Shared::sweep_period`] until the sender is dropped; returns what the sweeps
 /// released and expired.
 fn spawn_sweeper<DB: Backend>(
     shared: Arc<Shared<DB>>,
@@ -109,11 +109,12 @@ fn spawn_sweeper<DB: Backend>(
         let period = shared.sweep_period();
         let mut report = RunReport::default();
         loop {
+            // A sweep runs to its end, so a run ends after its first sweep, however short it is.
+            sweep(&shared, &mut report, consuming_since).await;
             tokio::select! {
                 _ = &mut stopped => return report,
                 () = tokio::time::sleep(period) => {}
             }
-            sweep(&shared, &mut report, consuming_since).await;
         }
     });
     (stop, sweeper)
