@@ -4,7 +4,7 @@
 mod common;
 
 macro_rules! failures_suite {
-    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::time::Duration;
 
@@ -71,6 +71,11 @@ macro_rules! failures_suite {
 
         type Pool = sqlx::Pool<$db>;
 
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
+
         async fn database(test: &str) -> Option<Pool> {
             let pool = $connect(test).await?;
             sqlx::query($crate::common::sql::<$db>("CREATE TABLE done (id TEXT NOT NULL, attempt BIGINT NOT NULL, poison TEXT)"))
@@ -85,7 +90,7 @@ macro_rules! failures_suite {
         }
 
         async fn inbox(pool: &Pool, retry: RetryPolicy) -> Inbox<$db> {
-            Inbox::builder(pool.clone()).retry(retry).handler(run_job).build().await.unwrap()
+            builder(&pool).retry(retry).handler(run_job).build().await.unwrap()
         }
 
         async fn row(pool: &Pool, id: &str) -> Option<(String, i32, Option<String>, Option<String>)> {
@@ -185,7 +190,7 @@ macro_rules! failures_suite {
             broken.dispatch(&poison).await.unwrap_err();
             dispatch_due(&broken, &poison).await.unwrap_err();
             assert_eq!(broken.dead().await.unwrap().len(), 1);
-            let fixed = Inbox::builder(pool.clone()).handler(run_job_fixed).build().await.unwrap();
+            let fixed = builder(&pool).handler(run_job_fixed).build().await.unwrap();
 
             let replayed = fixed.replay("jobs", "poison", "ops@example.com", "fixed in 1.2.3").await.unwrap();
             let again = fixed.replay("jobs", "poison", "ops@example.com", "again").await.unwrap();
@@ -216,7 +221,7 @@ macro_rules! failures_suite {
             inbox::request_replay(&pool, &key, ("ops@example.com", "fixed in 1.2.3")).await.unwrap();
             assert_eq!(done(&pool).await, [], "a request runs nothing by itself");
 
-            let fixed = Inbox::builder(pool.clone()).handler(run_job_fixed).build().await.unwrap();
+            let fixed = builder(&pool).handler(run_job_fixed).build().await.unwrap();
             let broker = MemoryBroker::new();
             broker.close();
             fixed.run(broker.source()).await.unwrap();
@@ -239,7 +244,7 @@ macro_rules! failures_suite {
             let Some(pool) = database("replay_while_running").await else { return };
             let broken = inbox(&pool, quick(1)).await;
             broken.dispatch(&envelope(&job("poison", "poison"))).await.unwrap_err();
-            let fixed = Inbox::builder(pool.clone())
+            let fixed = builder(&pool)
                 .sweep_interval(Duration::from_millis(20))
                 .handler(run_job_fixed)
                 .build()
@@ -357,7 +362,7 @@ macro_rules! failures_suite {
         #[tokio::test]
         async fn bad_input_is_kept_with_its_bytes_and_a_reason() {
             let Some(pool) = database("bad_input").await else { return };
-            let inbox = Inbox::builder(pool.clone()).max_payload_bytes(64).handler(run_job).build().await.unwrap();
+            let inbox = builder(&pool).max_payload_bytes(64).handler(run_job).build().await.unwrap();
             let oversized = format!("{{\"id\": \"big\", \"kind\": \"{}\"}}", "x".repeat(100));
             let too_large = format!("the payload is {} bytes; the limit is 64 (its first 64 bytes are kept)", oversized.len());
             let bad: [(&str, Vec<u8>, &str); 5] = [
@@ -389,7 +394,7 @@ macro_rules! failures_suite {
         #[tokio::test]
         async fn a_rejected_delivery_is_replayed_once_its_handler_exists() {
             let Some(pool) = database("replay_rejected").await else { return };
-            let without = Inbox::builder(pool.clone()).handler(run_job_fixed).build().await.unwrap();
+            let without = builder(&pool).handler(run_job_fixed).build().await.unwrap();
             let broker = MemoryBroker::new();
             broker.publish(Envelope::new("test.other", "d-1", b"{}".to_vec()));
             broker.close();
@@ -408,7 +413,7 @@ macro_rules! failures_suite {
         #[tokio::test]
         async fn unknown_types_can_be_acknowledged_and_counted() {
             let Some(pool) = database("unknown_ack").await else { return };
-            let inbox = Inbox::builder(pool.clone())
+            let inbox = builder(&pool)
                 .unknown_types(inbox::UnknownTypes::Acknowledge)
                 .handler(run_job)
                 .build()
@@ -452,4 +457,4 @@ macro_rules! failures_suite {
     };
 }
 
-common::on_every_backend!(failures_suite);
+common::on_every_backend!(failures_suite, batched);

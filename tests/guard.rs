@@ -4,7 +4,7 @@
 mod common;
 
 macro_rules! guard_suite {
-    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
         use std::collections::BTreeMap;
 
         use inbox::Error;

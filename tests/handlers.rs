@@ -31,11 +31,16 @@ async fn count_tenant_event(_msg: TenantEvent) -> Result<(), HandlerError> {
 }
 
 macro_rules! handlers_suite {
-    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
         use super::{count_tenant_event, TenantEvent};
         use inbox::prelude::*;
 
         type Pool = sqlx::Pool<$db>;
+
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
 
         #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id")]
         async fn record_metadata(
@@ -121,7 +126,7 @@ macro_rules! handlers_suite {
         #[tokio::test]
         async fn context_handler_sees_the_delivery_metadata() {
             let Some(pool) = database("context_metadata").await else { return };
-            let inbox = Inbox::builder(pool.clone())
+            let inbox = builder(&pool)
                 .consumer("billing")
                 .handler(record_metadata)
                 .build()
@@ -178,13 +183,13 @@ macro_rules! handlers_suite {
         async fn each_consumer_handles_every_message_once() {
             let Some(pool) = database("consumer_scopes").await else { return };
             let envelope = Envelope::encode("d-1", &TenantEvent::new("t1", 1)).unwrap();
-            let billing = Inbox::builder(pool.clone())
+            let billing = builder(&pool)
                 .consumer("billing")
                 .handler(record_metadata)
                 .build()
                 .await
                 .unwrap();
-            let shipping = Inbox::builder(pool.clone())
+            let shipping = builder(&pool)
                 .consumer("shipping")
                 .handler(record_metadata)
                 .build()
@@ -206,7 +211,7 @@ macro_rules! handlers_suite {
         async fn building_without_the_schema_says_to_migrate() {
             let Some(pool) = $unmigrated("unmigrated").await else { return };
 
-            let error = Inbox::builder(pool)
+            let error = builder(&pool)
                 .handler(count_tenant_event)
                 .build()
                 .await
@@ -226,7 +231,7 @@ macro_rules! handlers_suite {
         async fn empty_consumer_is_refused() {
             let Some(pool) = database("empty_consumer").await else { return };
 
-            let error = Inbox::builder(pool)
+            let error = builder(&pool)
                 .consumer(" ")
                 .handler(count_tenant_event)
                 .build()
@@ -259,7 +264,7 @@ macro_rules! handlers_suite {
                 .await
                 .unwrap();
 
-            let inbox = Inbox::builder(pool)
+            let inbox = builder(&pool)
                 .handler(count_tenant_event)
                 .build()
                 .await
@@ -294,4 +299,4 @@ macro_rules! handlers_suite {
     };
 }
 
-common::on_every_backend!(handlers_suite);
+common::on_every_backend!(handlers_suite, batched);

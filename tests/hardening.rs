@@ -7,7 +7,7 @@
 mod common;
 
 macro_rules! hardening_suite {
-    ($db:ty, $connect:path) => {
+    ($db:ty, $connect:path, $batch:expr) => {
         use std::collections::HashMap;
         use std::time::Duration;
 
@@ -16,6 +16,11 @@ macro_rules! hardening_suite {
         use inbox_core::{Claim, Failure};
 
         type Pool = sqlx::Pool<$db>;
+
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
 
         /// A payment whose `kind` says how its handler behaves: `fail-once` fails on its first
         /// attempt, `fail` always, `crash-at-2` fails for sequence 2 while the `blocked` table
@@ -161,7 +166,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_redelivery_of_a_map_field_is_the_same_content_and_is_retried() {
             let Some(pool) = database("map_content").await else { return };
-            let inbox = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay).build().await.unwrap();
+            let inbox = builder(&pool).retry(quick(5)).handler(pay).build().await.unwrap();
             let mut message = payment("p-1", "o-1", 1, "fail-once");
             message.tags = (0..32).map(|n| (format!("tag-{n}"), n)).collect();
             let delivered = envelope("p-1", &message);
@@ -178,8 +183,8 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_field_added_by_a_deploy_does_not_make_earlier_deliveries_conflict() {
             let Some(pool) = database("added_field").await else { return };
-            let before = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay_v1).build().await.unwrap();
-            let after = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay_v2).build().await.unwrap();
+            let before = builder(&pool).retry(quick(5)).handler(pay_v1).build().await.unwrap();
+            let after = builder(&pool).retry(quick(5)).handler(pay_v2).build().await.unwrap();
             let sent = PaymentV1 { id: "p-1".into(), order: "o-1".into(), seq: 1, kind: "fail-once".into() };
             let delivered = envelope("p-1", &sent);
 
@@ -193,7 +198,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_failure_of_other_content_does_not_overwrite_the_recorded_one() {
             let Some(pool) = database("failure_content").await else { return };
-            let inbox = Inbox::builder(pool.clone()).retry(quick(5)).handler(pay).build().await.unwrap();
+            let inbox = builder(&pool).retry(quick(5)).handler(pay).build().await.unwrap();
             let original = envelope("p-1", &payment("p-1", "o-1", 1, "fail"));
             inbox.dispatch(&original).await.unwrap_err();
             let other_hash = [7u8; 32];
@@ -223,7 +228,7 @@ macro_rules! hardening_suite {
         async fn a_redelivery_before_the_backoff_runs_nothing_and_counts_no_attempt() {
             let Some(pool) = database("early_redelivery").await else { return };
             let policy = RetryPolicy::new(5).backoff(Duration::from_secs(1), Duration::from_secs(8));
-            let inbox = Inbox::builder(pool.clone()).retry(policy).handler(pay).build().await.unwrap();
+            let inbox = builder(&pool).retry(policy).handler(pay).build().await.unwrap();
             let broker = MemoryBroker::new();
             // Five copies in flight at once: a broker that redelivers at once, or duplicates.
             for _ in 0..5 {
@@ -239,7 +244,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_failure_whose_redelivery_never_comes_is_retried_from_the_store() {
             let Some(pool) = database("store_retry").await else { return };
-            let inbox = Inbox::builder(pool.clone())
+            let inbox = builder(&pool)
                 .retry(quick(5))
                 .sweep_interval(Duration::from_millis(20))
                 .handler(pay)
@@ -269,7 +274,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_released_message_that_fails_is_recorded_and_dies_visibly() {
             let Some(pool) = database("failed_release").await else { return };
-            let inbox = Inbox::builder(pool.clone()).retry(quick(3)).handler(pay_strict).build().await.unwrap();
+            let inbox = builder(&pool).retry(quick(3)).handler(pay_strict).build().await.unwrap();
             for seq in [2, 3] {
                 let parked = inbox.dispatch(&envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "permanent-at-2"))).await.unwrap();
                 assert_eq!(parked[0].outcome, Outcome::Parked);
@@ -288,7 +293,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn skipping_a_gap_revives_only_what_a_gap_timeout_buried() {
             let Some(pool) = database("gap_reason").await else { return };
-            let inbox = Inbox::builder(pool.clone()).handler(pay_strict).build().await.unwrap();
+            let inbox = builder(&pool).handler(pay_strict).build().await.unwrap();
             let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "impostor-at-2"));
             inbox.dispatch(&delivery(1)).await.unwrap();
             inbox.dispatch(&delivery(2)).await.unwrap_err();
@@ -306,7 +311,7 @@ macro_rules! hardening_suite {
             let Some(pool) = database("retrying_gap").await else { return };
             sqlx::query($crate::common::sql::<$db>("INSERT INTO blocked (why) VALUES ('test')")).execute(&pool).await.unwrap();
             let hour = Duration::from_secs(3600);
-            let inbox = Inbox::builder(pool.clone()).retry(RetryPolicy::new(5).backoff(hour, hour)).handler(pay_strict).build().await.unwrap();
+            let inbox = builder(&pool).retry(RetryPolicy::new(5).backoff(hour, hour)).handler(pay_strict).build().await.unwrap();
             let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "crash-at-2"));
             inbox.dispatch(&delivery(1)).await.unwrap();
             inbox.dispatch(&delivery(2)).await.unwrap_err();
@@ -333,7 +338,7 @@ macro_rules! hardening_suite {
             async fn quick_gap(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
                 record(ctx, &payment).await
             }
-            let inbox = Inbox::builder(pool.clone()).sweep_interval(Duration::from_millis(20)).handler(quick_gap).build().await.unwrap();
+            let inbox = builder(&pool).sweep_interval(Duration::from_millis(20)).handler(quick_gap).build().await.unwrap();
             inbox.dispatch(&envelope("p-2", &payment("p-2", "o-1", 2, "ok"))).await.unwrap();
             // Parked long ago, before the consumer went down.
             sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
@@ -353,7 +358,7 @@ macro_rules! hardening_suite {
                 assert!(matches!(error, Error::InvalidIdentity { what: "sequence", .. }), "{seq}: {error}");
             }
             assert_eq!(pay_monotonic.process(&pool, payment("p", "o-1", inbox::MAX_SEQUENCE, "ok")).await.unwrap(), Outcome::Processed);
-            let inbox = Inbox::builder(pool.clone()).handler(pay_strict).build().await.unwrap();
+            let inbox = builder(&pool).handler(pay_strict).build().await.unwrap();
             let broker = MemoryBroker::new();
             for (n, seq) in [0, i64::MAX].into_iter().enumerate() {
                 broker.publish(envelope(&format!("bad-{n}"), &payment(&format!("bad-{n}"), "o-2", seq, "ok")));
@@ -369,7 +374,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn an_unavailable_database_is_retried_with_growing_delays_not_in_a_loop() {
             let Some(pool) = database("unavailable").await else { return };
-            let inbox = Inbox::builder(pool.clone()).handler(pay).build().await.unwrap();
+            let inbox = builder(&pool).handler(pay).build().await.unwrap();
             let broker = MemoryBroker::new();
             broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "ok")));
             pool.close().await;
@@ -391,7 +396,7 @@ macro_rules! hardening_suite {
                 record(ctx, &payment).await
             }
             let policy = quick(3).attempt_timeout(Duration::from_millis(100));
-            let inbox = Inbox::builder(pool.clone()).retry(policy).handler(hangs).build().await.unwrap();
+            let inbox = builder(&pool).retry(policy).handler(hangs).build().await.unwrap();
 
             let error = inbox.dispatch(&envelope("p-1", &payment("p-1", "o-1", 1, "hang"))).await.unwrap_err();
 
@@ -404,7 +409,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_long_release_chain_stops_to_let_the_delivery_settle_and_a_sweep_finishes_it() {
             let Some(pool) = database("bounded_chain").await else { return };
-            let inbox = Inbox::builder(pool.clone()).handler(pay_strict).build().await.unwrap();
+            let inbox = builder(&pool).handler(pay_strict).build().await.unwrap();
             let chain = i64::from(inbox::RELEASES_PER_MESSAGE) + 20;
             for seq in 2..=chain + 1 {
                 let id = format!("p-{seq:04}");
@@ -435,7 +440,7 @@ macro_rules! hardening_suite {
                     self.broker.next().await
                 }
             }
-            let inbox = Inbox::builder(pool.clone()).handler(pay).build().await.unwrap();
+            let inbox = builder(&pool).handler(pay).build().await.unwrap();
             let broker = MemoryBroker::new();
             broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "ok")));
             broker.close();
@@ -463,7 +468,7 @@ macro_rules! hardening_suite {
                 sqlx::query($crate::common::sql::<$db>("INSERT INTO applied (handler, id, seq) VALUES ('by_customer', $1, $2)")).bind(line.id).bind(line.customer_seq).execute(&mut **ctx).await?;
                 Ok(())
             }
-            let inbox = Inbox::builder(pool.clone()).workers(4).handler(by_order).handler(by_customer).build().await.unwrap();
+            let inbox = builder(&pool).workers(4).handler(by_order).handler(by_customer).build().await.unwrap();
             let broker = MemoryBroker::new();
             let mut customer_seq = 0;
             for n in 0..200 {
@@ -482,16 +487,41 @@ macro_rules! hardening_suite {
 }
 
 mod sqlite {
-    hardening_suite!(sqlx::Sqlite, crate::common::sqlite);
+    hardening_suite!(sqlx::Sqlite, crate::common::sqlite, None);
+}
+
+mod sqlite_batched {
+    hardening_suite!(
+        sqlx::Sqlite,
+        crate::common::sqlite,
+        Some(inbox::Batch::new(8))
+    );
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    hardening_suite!(sqlx::MySql, crate::common::mysql);
+    hardening_suite!(sqlx::MySql, crate::common::mysql, None);
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_batched {
+    hardening_suite!(
+        sqlx::MySql,
+        crate::common::mysql,
+        Some(inbox::Batch::new(8))
+    );
+}
+
+mod postgres_batched {
+    hardening_suite!(
+        sqlx::Postgres,
+        crate::common::postgres,
+        Some(inbox::Batch::new(8))
+    );
 }
 
 mod postgres {
-    hardening_suite!(sqlx::Postgres, crate::common::postgres);
+    hardening_suite!(sqlx::Postgres, crate::common::postgres, None);
 
     /// PostgreSQL aborts a transaction at its first failed statement and turns `COMMIT` into a
     /// silent rollback: a handler that ignores the error and returns `Ok` has committed nothing.

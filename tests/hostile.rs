@@ -10,7 +10,7 @@
 mod common;
 
 macro_rules! hostile_suite {
-    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
         use std::sync::atomic::{AtomicU32, Ordering};
         use std::time::Duration;
 
@@ -18,6 +18,11 @@ macro_rules! hostile_suite {
         use inbox::{DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEQUENCE, MemoryBroker, RejectedDelivery};
 
         type Pool = sqlx::Pool<$db>;
+
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
 
         /// One type for every case; `kind` says how the handlers behave.
         #[derive(Debug, Clone, Serialize, Deserialize, Message)]
@@ -172,7 +177,7 @@ macro_rules! hostile_suite {
         async fn every_hostile_delivery_ends_acknowledged_and_recorded() {
             let Some(pool) = database("hostile").await else { return };
             let retry = RetryPolicy::new(MAX_ATTEMPTS).backoff(Duration::from_millis(5), Duration::from_millis(20));
-            let inbox = Inbox::builder(pool.clone()).retry(retry).handler(monotonic).handler(strict).build().await.unwrap();
+            let inbox = builder(&pool).retry(retry).handler(monotonic).handler(strict).build().await.unwrap();
             let rejections = rejections();
             let accepted = accepted();
             let broker = MemoryBroker::new();
@@ -219,4 +224,4 @@ macro_rules! hostile_suite {
     };
 }
 
-common::on_every_backend!(hostile_suite);
+common::on_every_backend!(hostile_suite, batched);

@@ -92,6 +92,7 @@ async fn a_scripted_run_counts_every_outcome() {
         ..step("p-1", "b", 1)
     };
     send(&inbox, poison.clone()).await.unwrap_err(); // retrying
+    tokio::time::sleep(Duration::from_millis(20)).await; // its 1 ms backoff is surely over
     send(&inbox, poison).await.unwrap_err(); // dead
     send(&monotonic, step("m-2", "c", 2)).await.unwrap(); // processed
     send(&monotonic, step("m-1", "c", 1)).await.unwrap(); // stale

@@ -17,7 +17,7 @@ fn window_to_2010() -> std::time::Duration {
 }
 
 macro_rules! retention_suite {
-    ($db:ty, $conn:ty, $connect:path) => {
+    ($db:ty, $conn:ty, $connect:path, $batch:expr) => {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -29,6 +29,11 @@ macro_rules! retention_suite {
 
         $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
+
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
 
         /// Inserts `rows` dedup rows of handler `credit` with ids `{prefix}-n`, in `status`, all
         /// received and settled at `at` (a thousand rows per statement).
@@ -78,7 +83,7 @@ macro_rules! retention_suite {
             seed(&pool, "inside", 1_000, "processed", INSIDE).await;
             seed(&pool, "parked", 10, "parked", ANCIENT).await;
             seed(&pool, "dead", 10, "dead", ANCIENT).await;
-            let inbox = Inbox::builder(pool.clone()).handler(credit).build().await.unwrap();
+            let inbox = builder(&pool).handler(credit).build().await.unwrap();
             let retention = Retention::new(window_to_2010()).batch_size(5_000);
 
             let preview = inbox::purge_preview(&pool, &retention).await.unwrap();
@@ -140,11 +145,11 @@ macro_rules! retention_suite {
         async fn an_inbox_purges_with_its_configured_retention_only() {
             let Some(pool) = ledger("inbox_purge").await else { return };
             seed(&pool, "old", 20, "processed", ANCIENT).await;
-            let without = Inbox::builder(pool.clone()).handler(credit).build().await.unwrap();
+            let without = builder(&pool).handler(credit).build().await.unwrap();
             assert_eq!(without.purge().await.unwrap().purged, 0, "no retention configured");
 
             let retention = Retention::new(window_to_2010()).batch_size(8);
-            let with = Inbox::builder(pool.clone()).handler(credit).retention(retention).build().await.unwrap();
+            let with = builder(&pool).handler(credit).retention(retention).build().await.unwrap();
             let report = with.purge().await.unwrap();
 
             assert_eq!((report.purged, report.batches), (20, 3));
@@ -156,7 +161,7 @@ macro_rules! retention_suite {
             let Some(pool) = ledger("scheduled_purge").await else { return };
             seed(&pool, "old", 20, "processed", ANCIENT).await;
             let retention = Retention::new(window_to_2010()).every(std::time::Duration::from_millis(20));
-            let inbox = Inbox::builder(pool.clone()).handler(credit).retention(retention).build().await.unwrap();
+            let inbox = builder(&pool).handler(credit).retention(retention).build().await.unwrap();
             let broker = inbox::MemoryBroker::new();
             let purged = async {
                 while rows(&pool, "old").await > 0 {
@@ -201,16 +206,31 @@ macro_rules! purge_leader_case {
 }
 
 mod sqlite {
-    retention_suite!(sqlx::Sqlite, sqlx::SqliteConnection, crate::common::sqlite);
+    retention_suite!(
+        sqlx::Sqlite,
+        sqlx::SqliteConnection,
+        crate::common::sqlite,
+        None
+    );
 }
 
 mod postgres {
-    retention_suite!(sqlx::Postgres, sqlx::PgConnection, crate::common::postgres);
+    retention_suite!(
+        sqlx::Postgres,
+        sqlx::PgConnection,
+        crate::common::postgres,
+        None
+    );
     purge_leader_case!();
 }
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    retention_suite!(sqlx::MySql, sqlx::MySqlConnection, crate::common::mysql);
+    retention_suite!(
+        sqlx::MySql,
+        sqlx::MySqlConnection,
+        crate::common::mysql,
+        None
+    );
     purge_leader_case!();
 }

@@ -4,7 +4,7 @@
 mod common;
 
 macro_rules! runtime_suite {
-    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
         use std::time::Duration;
 
         use inbox::prelude::*;
@@ -14,6 +14,11 @@ macro_rules! runtime_suite {
 
         $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
+
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
 
         /// Panics on a negative amount, after writing: the panic must roll the write back.
         #[inbox_handler(key = "event_id", name = "explode")]
@@ -33,7 +38,7 @@ macro_rules! runtime_suite {
         }
 
         async fn billing(pool: &Pool, workers: usize) -> Inbox<$db> {
-            Inbox::builder(pool.clone())
+            builder(&pool)
                 .consumer("billing")
                 .workers(workers)
                 .retry(eager_retries())
@@ -50,7 +55,7 @@ macro_rules! runtime_suite {
         #[tokio::test]
         async fn dispatch_runs_every_handler_of_the_type() {
             let Some(pool) = ledger("dispatch_every_handler").await else { return };
-            let inbox = Inbox::builder(pool.clone()).handler(credit).handler(audit).build().await.unwrap();
+            let inbox = builder(&pool).handler(credit).handler(audit).build().await.unwrap();
             let paid = envelope(&Credited::new("e-1", "acct", 1, 30));
 
             let first = inbox.dispatch(&paid).await.unwrap();
@@ -67,7 +72,7 @@ macro_rules! runtime_suite {
         async fn registering_a_handler_twice_is_a_build_error() {
             let Some(pool) = ledger("register_twice").await else { return };
 
-            let error = Inbox::builder(pool).handler(credit).handler(audit).handler(credit).build().await.err().unwrap();
+            let error = builder(&pool).handler(credit).handler(audit).handler(credit).build().await.err().unwrap();
 
             assert!(matches!(error, BuildError::DuplicateHandler { name: "credit", .. }), "{error}");
             assert!(error.to_string().contains("registered twice"), "{error}");
@@ -151,15 +156,17 @@ macro_rules! runtime_suite {
                 return;
             }
             let Some(pool) = ledger("held_aggregate").await else { return };
-            let inbox = Inbox::builder(pool.clone()).workers(2).handler(held).build().await.unwrap();
+            let inbox = builder(&pool).workers(2).handler(held).build().await.unwrap();
             let broker = MemoryBroker::new();
             broker.publish(envelope(&Credited::new("held-1", "hold", 1, 1)));
             let others = 40;
             for n in 0..others {
                 broker.publish(envelope(&Credited::new(format!("other-{n}"), format!("acct-{n}"), 1, 1)));
             }
+            // Batched, the messages that share the held one's batch wait with it; no other does.
+            let batch_mates = $batch.map_or(0, |batch: inbox::Batch| batch.size() - 1) as i64;
             let others_done = async {
-                while count(&pool, "applied").await < others {
+                while count(&pool, "applied").await < others - batch_mates {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 HOLD.add_permits(1);
@@ -200,7 +207,7 @@ macro_rules! runtime_suite {
         #[tokio::test]
         async fn a_panicking_handler_is_an_error_and_its_worker_lives_on() {
             let Some(pool) = ledger("handler_panic").await else { return };
-            let inbox = Inbox::builder(pool.clone()).workers(1).retry(eager_retries()).handler(explode).build().await.unwrap();
+            let inbox = builder(&pool).workers(1).retry(eager_retries()).handler(explode).build().await.unwrap();
             let poison = envelope(&Credited::new("bad", "acct", 1, -5));
 
             let error = inbox.dispatch(&poison).await.unwrap_err();
@@ -291,4 +298,4 @@ macro_rules! runtime_suite {
     };
 }
 
-common::on_every_backend!(runtime_suite);
+common::on_every_backend!(runtime_suite, batched);

@@ -5,7 +5,7 @@
 mod common;
 
 macro_rules! strict_suite {
-    ($db:ty, $conn:ty, $connect:path, $unmigrated:path) => {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
         use std::collections::BTreeMap;
         use std::time::Duration;
 
@@ -17,6 +17,11 @@ macro_rules! strict_suite {
         $crate::common::ledger::ledger_handlers!($db, $conn);
         $crate::common::queries::ledger_queries!($db, $connect);
 
+        /// An inbox builder in this suite's mode (batched or not).
+        fn builder(pool: &Pool) -> inbox::InboxBuilder<$db> {
+            $crate::common::builder(pool, $batch)
+        }
+
         fn event(account: &str, sequence: i64) -> Credited {
             Credited::new(format!("{account}-{sequence}"), account, sequence, sequence)
         }
@@ -26,7 +31,7 @@ macro_rules! strict_suite {
         }
 
         async fn inbox(pool: &Pool) -> Inbox<$db> {
-            Inbox::builder(pool.clone())
+            builder(&pool)
                 .handler(credit_strict)
                 .build()
                 .await
@@ -48,7 +53,7 @@ macro_rules! strict_suite {
             // gap-lock the new stream too): the first sweep waits for it.
             let mut holder = <$db as inbox::Backend>::begin(&pool).await.unwrap();
             sqlx::query($crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'crashed' FOR UPDATE")).fetch_one(&mut *holder).await.unwrap();
-            let inbox = Inbox::builder(pool.clone()).workers(2).handler(credit_strict).build().await.unwrap();
+            let inbox = builder(&pool).workers(2).handler(credit_strict).build().await.unwrap();
             let broker = inbox::MemoryBroker::new();
             broker.publish(Envelope::encode("d-1", &event("live", 1)).unwrap());
             broker.close();
@@ -342,7 +347,7 @@ macro_rules! strict_suite {
         #[tokio::test]
         async fn the_runtime_expires_gaps_while_it_runs() {
             let Some(pool) = ledger("gap_sweeper").await else { return };
-            let inbox = Inbox::builder(pool.clone()).handler(credit_quick_gap).build().await.unwrap();
+            let inbox = builder(&pool).handler(credit_quick_gap).build().await.unwrap();
             let parked = inbox.dispatch(&Envelope::encode("d-1", &event("stuck", 2)).unwrap()).await.unwrap();
             assert_eq!(parked[0].outcome, Outcome::Parked);
             sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
@@ -402,4 +407,4 @@ macro_rules! strict_suite {
     };
 }
 
-common::on_every_backend!(strict_suite);
+common::on_every_backend!(strict_suite, batched);

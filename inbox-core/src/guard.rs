@@ -71,23 +71,29 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
     received: Received<'_>,
     retry: &RetryPolicy,
 ) -> Result<Guarded, Error> {
-    let identity = received.identity;
-    let delivery = Delivery {
-        consumer,
-        identity,
-        payload: received.payload,
-        headers: received.headers,
-        retry,
-    };
+    let delivery = Delivery::new(consumer, received, retry);
     let span = message_span(&delivery, handler.name(), H::Message::TYPE);
     let guarded = guard(pool, handler, message, &delivery)
         .instrument(span.clone())
         .await;
+    conclude(pool, handler, &delivery, &span, guarded).await
+}
+
+/// After the commit: records the outcome on the message's span and in the metrics, and under
+/// strict ordering releases the parked successors that can now apply.
+pub(crate) async fn conclude<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    handler: &H,
+    delivery: &Delivery<'_>,
+    span: &Span,
+    guarded: Result<Outcome, Error>,
+) -> Result<Guarded, Error> {
+    let (consumer, retry) = (delivery.consumer, delivery.retry);
     let label = outcome_label(&guarded);
     span.record("inbox.outcome", label);
     count_outcome(consumer, handler.name(), label, 1);
     let outcome = guarded?;
-    let released = match (handler.ordering(), identity.aggregate()) {
+    let released = match (handler.ordering(), delivery.identity.aggregate()) {
         (Ordering::Strict { .. }, Some(aggregate)) => {
             release_logged(pool, consumer, handler, aggregate, retry).await
         }
@@ -115,7 +121,7 @@ fn count_outcome(consumer: &str, handler: &'static str, outcome: &'static str, c
 }
 
 /// What the guard knows about one delivery besides the message.
-struct Delivery<'a> {
+pub(crate) struct Delivery<'a> {
     consumer: &'a str,
     identity: &'a Identity,
     payload: &'a [u8],
@@ -123,36 +129,108 @@ struct Delivery<'a> {
     retry: &'a RetryPolicy,
 }
 
+impl<'a> Delivery<'a> {
+    pub(crate) fn new(consumer: &'a str, received: Received<'a>, retry: &'a RetryPolicy) -> Self {
+        Self {
+            consumer,
+            identity: received.identity,
+            payload: received.payload,
+            headers: received.headers,
+            retry,
+        }
+    }
+}
+
+/// Guards one message in a transaction of its own: commits what the attempt kept, rolls back
+/// what it only read, and records a failure after rolling it back.
 async fn guard<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     handler: &H,
     message: H::Message,
     delivery: &Delivery<'_>,
 ) -> Result<Outcome, Error> {
-    let (consumer, identity) = (delivery.consumer, delivery.identity);
-    identity.check_ordering(handler.ordering())?;
+    delivery.identity.check_ordering(handler.ordering())?;
     let payload_hash = content_hash(delivery.payload);
-    let claim = Claim {
-        consumer,
+    let claim = claim_of(handler, delivery, &payload_hash);
+    let tx = DB::begin(pool).await?;
+    match attempt(tx, handler, message, delivery, &claim).await? {
+        Step::Keep(tx, outcome) => {
+            tx.commit().await?;
+            Ok(outcome)
+        }
+        Step::Undo(tx, seen) => {
+            tx.rollback().await?;
+            seen
+        }
+        Step::Failed(error) => record_attempt_failure(pool, handler, delivery, error).await,
+    }
+}
+
+/// Records that an attempt at a message failed with `error` (its transaction rolled back): see
+/// [`record_failure`].
+pub(crate) async fn record_attempt_failure<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    handler: &H,
+    delivery: &Delivery<'_>,
+    error: HandlerError,
+) -> Result<Outcome, Error> {
+    let payload_hash = content_hash(delivery.payload);
+    let claim = claim_of(handler, delivery, &payload_hash);
+    let failure = Failure {
+        payload: delivery.payload,
+        headers: &headers_json(delivery.headers),
+        error: &error.to_string(),
+    };
+    let retry = delivery.retry;
+    record_failure(pool, handler.name(), &claim, &failure, error, retry).await
+}
+
+/// The dedup row a delivery claims for `handler`.
+pub(crate) fn claim_of<'a, DB: Backend, H: Handler<DB>>(
+    handler: &H,
+    delivery: &Delivery<'a>,
+    payload_hash: &'a [u8],
+) -> Claim<'a> {
+    let identity = delivery.identity;
+    Claim {
+        consumer: delivery.consumer,
         handler: handler.name(),
         message_id: identity.message_id(),
         message_type: H::Message::TYPE,
         aggregate: identity.aggregate(),
         sequence: identity.sequence(),
-        payload_hash: &payload_hash,
+        payload_hash,
         now_ms: now_ms(),
-    };
-    let mut tx = DB::begin(pool).await?;
-    let attempt = match messages::claim(&mut tx, &claim).await? {
+    }
+}
+
+/// What one attempt at a message left in its transaction.
+pub(crate) enum Step<DB: Backend> {
+    /// Its writes are done: commit them, with this outcome.
+    Keep(Transaction<'static, DB>, Outcome),
+    /// It was seen before and nothing was written: this is what it is.
+    Undo(Transaction<'static, DB>, Result<Outcome, Error>),
+    /// The handler failed, and the transaction is rolled back: record the failure.
+    Failed(HandlerError),
+}
+
+/// Claims the message, applies the ordering guard and runs the handler, in `tx`: the guard
+/// algorithm, the same whether the transaction is the message's own or a batch's. A database
+/// error drops (rolls back) the transaction.
+pub(crate) async fn attempt<DB: Backend, H: Handler<DB>>(
+    mut tx: Transaction<'static, DB>,
+    handler: &H,
+    message: H::Message,
+    delivery: &Delivery<'_>,
+    claim: &Claim<'_>,
+) -> Result<Step<DB>, Error> {
+    let attempt = match messages::claim(&mut tx, claim).await? {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
-        Claimed::Seen(seen) => {
-            tx.rollback().await?;
-            return seen_outcome(&claim, &seen);
-        }
+        Claimed::Seen(seen) => return Ok(Step::Undo(tx, seen_outcome(claim, &seen))),
     };
     tracing::Span::current().record("inbox.attempt", attempt);
-    let outcome = match position(&mut tx, &claim, handler.ordering()).await? {
+    let outcome = match position(&mut tx, claim, handler.ordering()).await? {
         Position::Stale => {
             messages::settle(&mut tx, &claim.key(), MessageStatus::Stale).await?;
             Outcome::Stale
@@ -164,36 +242,20 @@ async fn guard<DB: Backend, H: Handler<DB>>(
         }
         Position::Next => {
             let attempted = Attempt {
-                consumer,
-                identity,
+                consumer: delivery.consumer,
+                identity: delivery.identity,
                 headers: delivery.headers,
                 number: attempt,
                 timeout: delivery.retry.timeout(),
             };
             match run_handler(tx, handler, &attempted, message).await {
                 Ok(done) => tx = done,
-                Err(error) => {
-                    let failure = Failure {
-                        payload: delivery.payload,
-                        headers: &headers_json(delivery.headers),
-                        error: &error.to_string(),
-                    };
-                    let recorded = record_failure(
-                        pool,
-                        handler.name(),
-                        &claim,
-                        &failure,
-                        error,
-                        delivery.retry,
-                    );
-                    return recorded.await;
-                }
+                Err(error) => return Ok(Step::Failed(error)),
             }
             Outcome::Processed
         }
     };
-    tx.commit().await?;
-    Ok(outcome)
+    Ok(Step::Keep(tx, outcome))
 }
 
 /// Now, in Unix epoch milliseconds, the clock retries are scheduled by.
@@ -210,7 +272,7 @@ fn now_ms() -> i64 {
 /// taken over what was delivered, never over a re-encoding of the decoded message: a field added
 /// with `#[serde(default)]` does not change the content of what was sent before the deploy.
 /// Bytes that are not JSON are hashed as they are.
-fn content_hash(payload: &[u8]) -> Vec<u8> {
+pub(crate) fn content_hash(payload: &[u8]) -> Vec<u8> {
     match serde_json::from_slice::<serde_json::Value>(payload) {
         Ok(document) => Sha256::digest(canonical_json(document)).to_vec(),
         Err(_) => Sha256::digest(payload).to_vec(),
@@ -245,7 +307,7 @@ fn canonical_json(document: serde_json::Value) -> Vec<u8> {
 /// conventions, plus the inbox's own `inbox.*` fields. `messaging.destination.name` and the
 /// conversation id come from the `destination` and `correlation-id` headers when present;
 /// `inbox.attempt` and `inbox.outcome` are recorded as they become known.
-fn message_span(
+pub(crate) fn message_span(
     delivery: &Delivery<'_>,
     handler: &'static str,
     message_type: &'static str,

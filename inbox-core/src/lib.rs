@@ -3,6 +3,7 @@
 //! Most users depend on the `inbox` facade crate instead, which re-exports this one.
 #![warn(missing_docs)]
 
+pub mod batch;
 mod context;
 mod envelope;
 mod error;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, Retention, RetryPolicy};
 use sqlx::Pool;
 
+use crate::batch::Batch;
 use crate::inbox::{Inbox, Shared, UnknownTypes};
 use crate::registry::{BuildError, Registry};
 use crate::route::{HandlerRoute, Route};
@@ -22,6 +23,7 @@ pub struct InboxBuilder<DB: Backend> {
     max_payload_bytes: usize,
     sweep_interval: Duration,
     retention: Option<Retention>,
+    batch: Option<Batch>,
     routes: Vec<Arc<dyn Route<DB>>>,
 }
 
@@ -42,6 +44,7 @@ impl<DB: Backend> InboxBuilder<DB> {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             retention: None,
+            batch: None,
             routes: Vec::new(),
         }
     }
@@ -104,6 +107,12 @@ impl<DB: Backend> InboxBuilder<DB> {
         self
     }
 
+    /// Runs in batched mode: see [`Batch`] (default: one message per transaction).
+    pub fn batch(mut self, batch: Batch) -> Self {
+        self.batch = Some(batch);
+        self
+    }
+
     /// Registers a handler for its message type. Several handlers may take one type; each is
     /// called, with its own dedup scope.
     pub fn handler<H: Handler<DB>>(mut self, handler: H) -> Self {
@@ -129,6 +138,7 @@ impl<DB: Backend> InboxBuilder<DB> {
             max_payload_bytes: self.max_payload_bytes,
             sweep_interval: self.sweep_interval,
             retention: self.retention.inspect(Retention::warn_if_unsafe),
+            batch: self.batch.unwrap_or(Batch::new(1)),
             registry,
         }))
     }

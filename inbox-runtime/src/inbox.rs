@@ -11,6 +11,9 @@ use inbox_core::{
 };
 use sqlx::Pool;
 
+use inbox_core::batch::{Abandoned, InBatch, Staged};
+
+use crate::batch::Batch;
 use crate::builder::{InboxBuilder, Retry};
 use crate::registry::Registry;
 use crate::route::{Handled, Job};
@@ -32,6 +35,9 @@ impl<DB: Backend> Clone for Inbox<DB> {
     }
 }
 
+/// A job, with the envelope of the delivery it came from.
+pub(crate) type JobOf<'e, DB> = (Box<dyn Job<DB>>, &'e Envelope);
+
 pub(crate) struct Shared<DB: Backend> {
     pub(crate) pool: Pool<DB>,
     pub(crate) consumer: String,
@@ -41,6 +47,8 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) max_payload_bytes: usize,
     pub(crate) sweep_interval: std::time::Duration,
     pub(crate) retention: Option<Retention>,
+    /// How many jobs a worker guards in one transaction (one: no batching).
+    pub(crate) batch: Batch,
     pub(crate) registry: Registry<DB>,
 }
 
@@ -480,6 +488,69 @@ impl<DB: Backend> Shared<DB> {
             });
         }
         self.registry.prepare(envelope)
+    }
+
+    /// Runs `jobs` (each with its delivery's envelope) in one transaction and returns each job's
+    /// result. When a handler fails, that failure is recorded and the others go in a new batch;
+    /// when the database refuses the batch, each job goes in a transaction of its own.
+    pub(crate) async fn execute_batch(
+        &self,
+        jobs: Vec<JobOf<'_, DB>>,
+    ) -> Vec<Result<Handled, Error>> {
+        let mut results: Vec<Option<Result<Handled, Error>>> = jobs.iter().map(|_| None).collect();
+        let mut left: Vec<_> = jobs.into_iter().enumerate().collect();
+        while left.len() > 1 {
+            match self.stage(&mut left).await {
+                Ok(staged) => {
+                    for ((index, job), staged) in left.into_iter().zip(staged) {
+                        results[index] = Some(self.conclude(job, InBatch::Staged(staged)).await);
+                    }
+                    return results.into_iter().flatten().collect();
+                }
+                Err((at, Abandoned::Failed(error))) => {
+                    let (index, job) = left.remove(at);
+                    results[index] = Some(self.conclude(job, InBatch::Failed(error)).await);
+                }
+                Err((_, Abandoned::Refused)) => break,
+            }
+        }
+        for (index, (job, envelope)) in left {
+            results[index] = Some(self.execute(job, envelope).await);
+        }
+        results.into_iter().flatten().collect()
+    }
+
+    /// What a job came to once its batch ended.
+    async fn conclude(
+        &self,
+        (job, envelope): JobOf<'_, DB>,
+        in_batch: InBatch,
+    ) -> Result<Handled, Error> {
+        let retry = self.retry.of(job.handler());
+        job.conclude(&self.pool, &self.consumer, envelope, retry, in_batch)
+            .await
+    }
+
+    /// Guards every job in one batch and commits it; or says at which job it was abandoned.
+    async fn stage(
+        &self,
+        jobs: &mut [(usize, JobOf<'_, DB>)],
+    ) -> Result<Vec<Staged>, (usize, Abandoned)> {
+        let begun = inbox_core::batch::Batch::begin(&self.pool).await;
+        let mut batch = begun.map_err(|_| (0, Abandoned::Refused))?;
+        let mut staged = Vec::with_capacity(jobs.len());
+        for (at, (_, (job, envelope))) in jobs.iter_mut().enumerate() {
+            let retry = self.retry.of(job.handler());
+            let guarded = job.stage(batch, &self.consumer, envelope, retry).await;
+            let (next, one) = guarded.map_err(|abandoned| (at, abandoned))?;
+            batch = next;
+            staged.push(one);
+        }
+        batch
+            .commit()
+            .await
+            .map_err(|abandoned| (jobs.len(), abandoned))?;
+        Ok(staged)
     }
 
     /// Runs one handler's job, guarded, with that handler's retry policy.

@@ -3,6 +3,7 @@
 //! delivery only after its transaction committed.
 #![warn(missing_docs)]
 
+mod batch;
 mod builder;
 mod inbox;
 mod registry;
@@ -11,6 +12,7 @@ mod schedule;
 mod source;
 mod worker;
 
+pub use batch::Batch;
 pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SWEEP_INTERVAL, InboxBuilder};
 pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
 pub use registry::BuildError;

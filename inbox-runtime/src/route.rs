@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use inbox_core::{Backend, Envelope, Error, Handler, Identity, Ordering, Outcome, RetryPolicy};
+use inbox_core::batch::{Abandoned, Batch, InBatch, Staged};
+use inbox_core::{
+    Backend, Envelope, Error, Guarded, Handler, Identity, Ordering, Outcome, Received, RetryPolicy,
+};
 use sqlx::Pool;
 
 /// The outcome of one handler for one delivery.
@@ -63,12 +66,30 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
 pub(crate) trait Job<DB: Backend>: Send {
     fn aggregate(&self) -> Option<&str>;
     fn message_id(&self) -> &str;
+    /// Guards the message in a transaction of its own.
     fn run<'a>(
         self: Box<Self>,
         pool: &'a Pool<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<Handled, Error>>;
+    /// Guards the message inside `batch`, which it hands on.
+    fn stage<'a>(
+        &'a mut self,
+        batch: Batch<DB>,
+        consumer: &'a str,
+        envelope: &'a Envelope,
+        retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<(Batch<DB>, Staged), Abandoned>>;
+    /// What the message came to, once its batch ended.
+    fn conclude<'a>(
+        self: Box<Self>,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        envelope: &'a Envelope,
+        retry: &'a RetryPolicy,
+        in_batch: InBatch,
     ) -> BoxFuture<'a, Result<Handled, Error>>;
     fn handler(&self) -> &'static str;
 }
@@ -137,16 +158,44 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
         identity.check_ordering(self.0.ordering())?;
         Ok(Box::new(HandlerJob {
             handler: Arc::clone(&self.0),
-            message,
+            message: Some(message),
             identity,
         }))
     }
 }
 
+/// One handler's decoded message. A batch abandoned after the handler ran hands the job on
+/// without its message, which is then decoded again.
 struct HandlerJob<H: Handler<DB>, DB: Backend> {
     handler: Arc<H>,
-    message: H::Message,
+    message: Option<H::Message>,
     identity: Identity,
+}
+
+impl<DB: Backend, H: Handler<DB>> HandlerJob<H, DB> {
+    /// The decoded message, or, once a run in an abandoned batch took it, decoded again.
+    fn message(&mut self, envelope: &Envelope) -> Result<H::Message, Error> {
+        match self.message.take() {
+            Some(message) => Ok(message),
+            None => envelope.decode::<H::Message>(),
+        }
+    }
+
+    fn received<'a>(&'a self, envelope: &'a Envelope) -> Received<'a> {
+        Received {
+            payload: envelope.payload(),
+            identity: &self.identity,
+            headers: Some(envelope.headers()),
+        }
+    }
+
+    fn handled(&self, guarded: Guarded) -> Handled {
+        Handled {
+            handler: self.handler.name(),
+            outcome: guarded.outcome,
+            released: guarded.released,
+        }
+    }
 }
 
 impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
@@ -163,26 +212,50 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     }
 
     fn run<'a>(
-        self: Box<Self>,
+        mut self: Box<Self>,
         pool: &'a Pool<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
-            let handler = &*self.handler;
-            let received = inbox_core::Received {
-                payload: envelope.payload(),
-                identity: &self.identity,
-                headers: Some(envelope.headers()),
-            };
+            let message = self.message(envelope)?;
+            let (handler, received) = (&*self.handler, self.received(envelope));
             let guarded =
-                inbox_core::process(pool, consumer, handler, self.message, received, retry).await?;
-            Ok(Handled {
-                handler: handler.name(),
-                outcome: guarded.outcome,
-                released: guarded.released,
-            })
+                inbox_core::process(pool, consumer, handler, message, received, retry).await?;
+            Ok(self.handled(guarded))
+        })
+    }
+
+    fn stage<'a>(
+        &'a mut self,
+        batch: Batch<DB>,
+        consumer: &'a str,
+        envelope: &'a Envelope,
+        retry: &'a RetryPolicy,
+    ) -> BoxFuture<'a, Result<(Batch<DB>, Staged), Abandoned>> {
+        Box::pin(async move {
+            let message = self.message(envelope).map_err(|_| Abandoned::Refused)?;
+            let (handler, received) = (&*self.handler, self.received(envelope));
+            batch
+                .guard(consumer, handler, message, received, retry)
+                .await
+        })
+    }
+
+    fn conclude<'a>(
+        self: Box<Self>,
+        pool: &'a Pool<DB>,
+        consumer: &'a str,
+        envelope: &'a Envelope,
+        retry: &'a RetryPolicy,
+        in_batch: InBatch,
+    ) -> BoxFuture<'a, Result<Handled, Error>> {
+        Box::pin(async move {
+            let (handler, received) = (&*self.handler, self.received(envelope));
+            let concluded =
+                inbox_core::batch::conclude(pool, consumer, handler, received, retry, in_batch);
+            Ok(self.handled(concluded.await?))
         })
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -104,6 +105,38 @@ impl<T> Scheduler<T> {
             }
             changed.await;
         }
+    }
+
+    /// Up to `most` jobs of free keys: waits for the first, then takes what is ready, waiting up
+    /// to `linger` for more. Empty once the scheduler is closed and nothing waits.
+    pub(crate) async fn take_up_to(&self, most: usize, linger: Duration) -> Vec<(T, Busy<'_, T>)> {
+        let Some(first) = self.take().await else {
+            return Vec::new();
+        };
+        let mut taken = vec![first];
+        let deadline = tokio::time::Instant::now() + linger;
+        while taken.len() < most {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let next = self.lock().take_free();
+            match next {
+                Some((key, job)) => taken.push((
+                    job,
+                    Busy {
+                        scheduler: self,
+                        key,
+                    },
+                )),
+                None if linger.is_zero() || self.lock().closed => break,
+                None => {
+                    if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        taken
     }
 
     /// Marks a worker as gone; when the last one is, no room is left for new work.

@@ -345,8 +345,9 @@ async fn store_rejected<DB: Backend>(
     Ok(())
 }
 
-/// Runs jobs as the scheduler hands them out until it is closed and empty; the worker that
-/// finishes a delivery's last job settles it.
+/// Runs jobs as the scheduler hands them out (a batch at a time in batched mode) until it is
+/// closed and empty; the worker that finishes a delivery's last job settles it, after the batch
+/// committed.
 async fn handle_all<DB: Backend>(
     shared: Arc<Shared<DB>>,
     scheduler: Arc<Scheduler<Work<DB>>>,
@@ -360,11 +361,22 @@ async fn handle_all<DB: Backend>(
     }
     let _gone = Gone(&scheduler);
     let mut report = RunReport::default();
-    while let Some((Work { job, pending }, busy)) = scheduler.take().await {
-        let result = shared.execute(job, &pending.envelope).await;
+    let (size, linger) = (shared.batch.size(), shared.batch.lingers());
+    loop {
+        let taken = scheduler.take_up_to(size, linger).await;
+        if taken.is_empty() {
+            break;
+        }
+        let (work, busy): (Vec<_>, Vec<_>) = taken.into_iter().unzip();
+        let (jobs, pending): (Vec<_>, Vec<_>) =
+            work.into_iter().map(|w| (w.job, w.pending)).unzip();
+        let with_envelopes = jobs.into_iter().zip(pending.iter().map(|p| &p.envelope));
+        let results = shared.execute_batch(with_envelopes.collect()).await;
         drop(busy);
-        if let Some((results, acker)) = pending.finish(result) {
-            settle_delivery(&shared, &pending, results, acker, &mut report).await;
+        for (result, pending) in results.into_iter().zip(pending) {
+            if let Some((results, acker)) = pending.finish(result) {
+                settle_delivery(&shared, &pending, results, acker, &mut report).await;
+            }
         }
     }
     report

@@ -54,43 +54,72 @@ fn unique(test: &str) -> String {
 pub mod ledger;
 pub mod queries;
 
-/// Runs a behaviour suite on every backend: `$suite!(database, connection, connect, unmigrated)`
-/// in a module named after each, where `connect` gives a migrated database of the test's own and
-/// `unmigrated` an empty one. Adding a database is one line here (and its two functions below).
+/// Runs a behaviour suite on every backend:
+/// `$suite!(database, connection, connect, unmigrated, batch)` in a module named after each, where
+/// `connect` gives a migrated database of the test's own, `unmigrated` an empty one, and `batch`
+/// the suite's [`builder`] mode. `on_every_backend!(suite, batched)` runs it once more per backend
+/// in batched mode (modules `<backend>_batched`). Adding a database is one entry here (and its
+/// two functions below).
 #[allow(unused_macros)]
 macro_rules! on_every_backend {
     ($suite:ident) => {
-        mod sqlite {
+        $crate::common::on_every_backend!(@modules sqlite, postgres, mysql: $suite, None);
+    };
+    ($suite:ident, batched) => {
+        $crate::common::on_every_backend!(@modules sqlite, postgres, mysql: $suite, None);
+        $crate::common::on_every_backend!(
+            @modules sqlite_batched, postgres_batched, mysql_batched:
+            $suite, Some(inbox::Batch::new(8))
+        );
+    };
+    (@modules $sqlite:ident, $postgres:ident, $mysql:ident: $suite:ident, $batch:expr) => {
+        mod $sqlite {
             $suite!(
                 sqlx::Sqlite,
                 sqlx::SqliteConnection,
                 crate::common::sqlite,
-                crate::common::sqlite_without_schema
+                crate::common::sqlite_without_schema,
+                $batch
             );
         }
 
-        mod postgres {
+        mod $postgres {
             $suite!(
                 sqlx::Postgres,
                 sqlx::PgConnection,
                 crate::common::postgres,
-                crate::common::postgres_without_schema
+                crate::common::postgres_without_schema,
+                $batch
             );
         }
 
         #[cfg(feature = "mysql")]
-        mod mysql {
+        mod $mysql {
             $suite!(
                 sqlx::MySql,
                 sqlx::MySqlConnection,
                 crate::common::mysql,
-                crate::common::mysql_without_schema
+                crate::common::mysql_without_schema,
+                $batch
             );
         }
     };
 }
 #[allow(unused_imports)]
 pub(crate) use on_every_backend;
+
+/// An inbox builder on `pool` in a suite's mode: batched with `batch`, or (`None`) one message
+/// per transaction.
+pub fn builder<DB: inbox::Backend>(
+    pool: &sqlx::Pool<DB>,
+    batch: Option<inbox::Batch>,
+) -> inbox::InboxBuilder<DB> {
+    let builder = inbox::Inbox::builder(pool.clone());
+    match batch {
+        Some(batch) => builder.batch(batch),
+        None => builder,
+    }
+}
 
 /// A migrated SQLite database in a new file (always available; `Option` to match [`postgres`]).
 pub async fn sqlite(test: &str) -> Option<SqlitePool> {

@@ -1,0 +1,51 @@
+//! Batched mode: many deliveries handled in one transaction.
+
+use std::time::Duration;
+
+/// How a running inbox batches: up to [`Batch::new`]'s size of ready jobs (of different
+/// aggregates; one aggregate's jobs keep their order, within and across batches) are guarded in
+/// one transaction that commits once, and their deliveries are acknowledged after it.
+///
+/// A handler's failure in a batch rolls the batch back, and each of its messages is then handled
+/// in a transaction of its own, where the failure is recorded and the others commit: one
+/// message's failure neither commits nor loses the others' work. Duplicates and stale messages
+/// in a batch cost no handler call, as always.
+///
+/// ```
+/// use std::time::Duration;
+/// let batch = inbox::Batch::new(100).linger(Duration::from_millis(5));
+/// assert_eq!(batch.size(), 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    size: usize,
+    linger: Duration,
+}
+
+impl Batch {
+    /// Batches of up to `size` jobs (at least one), taking what is ready without waiting.
+    pub fn new(size: usize) -> Self {
+        Self {
+            size: size.max(1),
+            linger: Duration::ZERO,
+        }
+    }
+
+    /// How long a worker waits for more ready jobs before it runs a batch that is not full
+    /// (default: not at all). Waiting fills batches under a trickle of deliveries, at the cost of
+    /// that much latency.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// The most jobs in one batch.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// How long a worker waits to fill a batch.
+    pub fn lingers(&self) -> Duration {
+        self.linger
+    }
+}
