@@ -18,7 +18,7 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::migrate::Migrator;
 use sqlx::{MySql, Pool, Transaction};
 
-use super::postgres::select_stored;
+use super::postgres::{overdue_gaps, parked_streams, releasable, select_stored};
 use super::{Backend, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql};
 
 /// `received_at` and `failed_at` as UTC text (the session's time zone is UTC).
@@ -95,10 +95,7 @@ const SQL: Statements = Statements {
             AND sequence_number <= ? ORDER BY sequence_number LIMIT 1",
         has_parked: "SELECT COUNT(*) FROM (SELECT 1 FROM inbox_messages \
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked' LIMIT 1) AS parked",
-        releasable: "SELECT DISTINCT m.aggregate_id FROM inbox_messages m \
-            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
-            WHERE m.consumer = ? AND m.handler = ? AND m.status = 'parked' \
-            AND m.sequence_number <= s.last_sequence + 1",
+        releasable: releasable!("?", "?"),
         revive_gap_dead: "UPDATE inbox_messages SET status = 'parked', error_text = NULL, dead_reason = NULL \
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'dead' \
             AND dead_reason = 'gap_timeout'",
@@ -108,16 +105,11 @@ const SQL: Statements = Statements {
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked'",
         bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = ?, dead_reason = 'gap_timeout' \
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked'",
-        overdue_gaps: "SELECT m.aggregate_id FROM inbox_messages m \
-            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
-            WHERE m.consumer = ? AND m.handler = ? AND m.status = 'parked' \
-            AND NOT EXISTS (SELECT 1 FROM inbox_messages p WHERE p.consumer = m.consumer \
-                AND p.handler = m.handler AND p.aggregate_id = m.aggregate_id \
-                AND p.sequence_number = s.last_sequence + 1 AND p.status = 'failed') \
-            GROUP BY m.aggregate_id, s.last_sequence \
-            HAVING MIN(m.sequence_number) > s.last_sequence + 1 \
-            AND MIN(m.received_at) < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
-            ORDER BY m.aggregate_id",
+        overdue_gaps: overdue_gaps!(
+            "?",
+            "?",
+            "NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND"
+        ),
     },
     operators: OperatorSql {
         rejected: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \

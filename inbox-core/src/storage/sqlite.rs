@@ -7,21 +7,13 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Sqlite, Transaction};
 
-use super::postgres::{self, select_stored};
+use super::postgres::{self, overdue_gaps, parked_streams, select_stored};
 use super::{Backend, OperatorSql, PurgeSql, Statements, StreamSql};
 
 /// SQLite's statements.
 const SQL: Statements = Statements {
     streams: StreamSql {
-        overdue_gaps: "SELECT m.aggregate_id FROM inbox_messages m \
-            JOIN inbox_streams s ON s.consumer = m.consumer AND s.handler = m.handler AND s.aggregate_id = m.aggregate_id \
-            WHERE m.consumer = $1 AND m.handler = $2 AND m.status = 'parked' \
-            AND NOT EXISTS (SELECT 1 FROM inbox_messages p WHERE p.consumer = m.consumer \
-                AND p.handler = m.handler AND p.aggregate_id = m.aggregate_id \
-                AND p.sequence_number = s.last_sequence + 1 AND p.status = 'failed') \
-            GROUP BY m.aggregate_id, s.last_sequence \
-            HAVING MIN(m.sequence_number) > s.last_sequence + 1 \
-            AND MIN(m.received_at) < datetime('now', '-' || $3 || ' seconds') ORDER BY m.aggregate_id",
+        overdue_gaps: overdue_gaps!("$1", "$2", "datetime('now', '-' || $3 || ' seconds')"),
         ..postgres::SQL.streams
     },
     operators: OperatorSql {
