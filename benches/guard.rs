@@ -8,49 +8,14 @@
 use std::time::{Duration, Instant};
 
 use inbox::prelude::*;
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{Pool, Postgres};
+
+mod ledger;
+
+use ledger::{CREDIT, Credited, credit_postgres, credit_sqlite};
 
 const MESSAGES: i64 = 2_000;
 const ACCOUNTS: i64 = 100;
-const CREDIT: &str = "UPDATE accounts SET balance = balance + $1 WHERE id = $2";
-
-#[derive(Debug, Clone, Serialize, Deserialize, Message)]
-struct Credited {
-    event_id: Uuid,
-    account: String,
-    sequence: i64,
-    amount: i64,
-}
-
-#[inbox_handler(
-    key = "event_id",
-    sequence = "sequence",
-    aggregate = "account",
-    name = "credit"
-)]
-async fn credit_sqlite(tx: &mut sqlx::SqliteConnection, msg: Credited) -> Result<(), HandlerError> {
-    sqlx::query(CREDIT)
-        .bind(msg.amount)
-        .bind(msg.account)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
-#[inbox_handler(
-    key = "event_id",
-    sequence = "sequence",
-    aggregate = "account",
-    name = "credit"
-)]
-async fn credit_postgres(tx: &mut sqlx::PgConnection, msg: Credited) -> Result<(), HandlerError> {
-    sqlx::query(CREDIT)
-        .bind(msg.amount)
-        .bind(msg.account)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
 
 /// `MESSAGES` events, round-robin over the accounts, in sequence order.
 fn events() -> Vec<Credited> {
@@ -123,43 +88,16 @@ macro_rules! measure {
     }};
 }
 
-async fn prepare<DB: inbox::Backend>(pool: &Pool<DB>) -> Result<(), Box<dyn std::error::Error>>
-where
-    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
-{
-    inbox::migrate(pool).await?;
-    for sql in [
-        "DROP TABLE IF EXISTS accounts",
-        "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0)",
-        "DELETE FROM inbox_messages WHERE handler = 'credit'",
-        "DELETE FROM inbox_streams WHERE handler = 'credit'",
-    ] {
-        sqlx::raw_sql(sql).execute(pool).await?;
-    }
-    for account in 0..ACCOUNTS {
-        let insert = format!("INSERT INTO accounts (id) VALUES ('acct-{account}')");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
-            .execute(pool)
-            .await?;
-    }
-    Ok(())
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::temp_dir().join("inbox_bench_guard.db");
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-    let url = format!("sqlite://{}", path.display());
-    let sqlite: Pool<Sqlite> = sqlx::SqlitePool::connect_with(inbox::sqlite_options(&url)?).await?;
-    prepare(&sqlite).await?;
+    let sqlite = ledger::fresh_sqlite("inbox_bench_guard.db").await?;
+    ledger::prepare(&sqlite, ACCOUNTS as usize).await?;
     measure!(sqlite, credit_sqlite).print("SQLite (WAL, synchronous = FULL)");
 
     match std::env::var("DATABASE_URL") {
         Ok(url) if url.starts_with("postgres") => {
             let postgres: Pool<Postgres> = sqlx::PgPool::connect(&url).await?;
-            prepare(&postgres).await?;
+            ledger::prepare(&postgres, ACCOUNTS as usize).await?;
             measure!(postgres, credit_postgres).print("PostgreSQL");
         }
         _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),

@@ -11,46 +11,19 @@ use std::time::Instant;
 
 use inbox::prelude::*;
 use inbox::{Backend, Batch, MemoryBroker};
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{Pool, Postgres};
+
+mod ledger;
+
+use ledger::{Credited, credit_postgres, credit_sqlite};
 
 /// Distinct messages per measured run.
 const MESSAGES: usize = 4_000;
-/// Every this-many deliveries, one is a copy of an earlier one: 30% of deliveries are duplicates.
+/// The share of deliveries that are copies of an earlier one.
 const DUPLICATE_SHARE: f64 = 0.3;
-const CREDIT: &str = "UPDATE accounts SET balance = balance + $1 WHERE id = $2";
+/// The most accounts a workload credits.
+const ACCOUNTS: usize = 20_000;
 const ROUNDS: usize = 2;
-
-#[derive(Debug, Clone, Serialize, Deserialize, Message)]
-struct Credited {
-    event_id: Uuid,
-    account: String,
-    sequence: i64,
-    amount: i64,
-}
-
-#[inbox_handler(
-    key = "event_id",
-    sequence = "sequence",
-    aggregate = "account",
-    name = "credit"
-)]
-async fn credit_sqlite(tx: &mut sqlx::SqliteConnection, msg: Credited) -> Result<(), HandlerError> {
-    let credit = sqlx::query(CREDIT).bind(msg.amount).bind(msg.account);
-    credit.execute(&mut *tx).await?;
-    Ok(())
-}
-
-#[inbox_handler(
-    key = "event_id",
-    sequence = "sequence",
-    aggregate = "account",
-    name = "credit"
-)]
-async fn credit_postgres(tx: &mut sqlx::PgConnection, msg: Credited) -> Result<(), HandlerError> {
-    let credit = sqlx::query(CREDIT).bind(msg.amount).bind(msg.account);
-    credit.execute(&mut *tx).await?;
-    Ok(())
-}
 
 /// `MESSAGES` events round-robin over `aggregates` accounts, each account's in sequence order,
 /// delivered with 30% duplicates (each copy right behind a random earlier delivery).
@@ -123,7 +96,7 @@ where
         "  {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}   batched(100) / one per tx",
         "aggregates", "workers", "1 per tx", "batch 10", "batch 100", "batch 1000"
     );
-    for aggregates in [200, 20_000] {
+    for aggregates in [200, ACCOUNTS] {
         let deliveries = deliveries(aggregates);
         for workers in [1, 4, 16] {
             let mut rates = vec![Vec::new(); MODES.len()];
@@ -152,35 +125,10 @@ fn median(rates: &mut [f64]) -> f64 {
     rates[rates.len() / 2]
 }
 
-/// The inbox schema and `aggregates` accounts of balance 0.
-async fn prepare<DB: Backend>(pool: &Pool<DB>) -> Result<(), Box<dyn std::error::Error>>
-where
-    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
-{
-    inbox::migrate(pool).await?;
-    let accounts = "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0)";
-    for sql in ["DROP TABLE IF EXISTS accounts", accounts] {
-        sqlx::raw_sql(sql).execute(pool).await?;
-    }
-    let ids: Vec<String> = (0..20_000).map(|n| format!("('acct-{n}')")).collect();
-    for chunk in ids.chunks(1_000) {
-        let insert = format!("INSERT INTO accounts (id) VALUES {}", chunk.join(", "));
-        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
-            .execute(pool)
-            .await?;
-    }
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::temp_dir().join("inbox_bench_throughput.db");
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-    let url = format!("sqlite://{}", path.display());
-    let sqlite: Pool<Sqlite> = sqlx::SqlitePool::connect_with(inbox::sqlite_options(&url)?).await?;
-    prepare(&sqlite).await?;
+    let sqlite = ledger::fresh_sqlite("inbox_bench_throughput.db").await?;
+    ledger::prepare(&sqlite, ACCOUNTS).await?;
     table("SQLite (WAL, synchronous = FULL)", &sqlite, credit_sqlite).await?;
 
     match std::env::var("DATABASE_URL") {
@@ -189,7 +137,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .max_connections(24)
                 .connect(&url)
                 .await?;
-            prepare(&postgres).await?;
+            ledger::prepare(&postgres, ACCOUNTS).await?;
             table("PostgreSQL", &postgres, credit_postgres).await?;
         }
         _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),

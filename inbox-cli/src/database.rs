@@ -81,14 +81,22 @@ async fn connect_postgres(url: &str) -> Result<PgPool, CliError> {
         options.get_port(),
         options.get_database(),
     );
-    open(options)
-        .await
-        .map_err(|source| CliError::Connect { target, source })
+    open_server(options, target).await
 }
 
 /// Where a server database is, for an error message: never the credentials.
 fn server(host: &str, port: u16, database: Option<&str>) -> String {
     format!("at {host}:{port}/{}", database.unwrap_or_default())
+}
+
+/// Opens a server database, saying where it is (`target`) if it cannot be reached.
+async fn open_server<DB: sqlx::Database>(
+    options: <DB::Connection as Connection>::Options,
+    target: String,
+) -> Result<Pool<DB>, CliError> {
+    open(options)
+        .await
+        .map_err(|source| CliError::Connect { target, source })
 }
 
 async fn connect_sqlite(url: &str, create_file: bool) -> Result<SqlitePool, CliError> {
@@ -117,9 +125,7 @@ async fn connect_mysql(url: &str) -> Result<sqlx::MySqlPool, CliError> {
         options.get_port(),
         options.get_database(),
     );
-    open(options)
-        .await
-        .map_err(|source| CliError::Connect { target, source })
+    open_server(options, target).await
 }
 
 /// Opens one connection first, so that a database that cannot be reached fails at once with

@@ -64,6 +64,7 @@ macro_rules! releasable {
         )
     };
 }
+#[cfg(feature = "mysql")]
 pub(super) use releasable;
 
 /// The aggregates whose gap in front of their parked messages is older than `$older_than`, and

@@ -1,0 +1,84 @@
+//! What the benchmarks share: the `Credited` event, its handler on each backend (one business
+//! write), and a fresh database with the accounts it credits.
+
+use inbox::prelude::*;
+use sqlx::{Pool, Sqlite};
+
+/// The business write: credit an account.
+pub const CREDIT: &str = "UPDATE accounts SET balance = balance + $1 WHERE id = $2";
+
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+pub struct Credited {
+    pub event_id: Uuid,
+    pub account: String,
+    pub sequence: i64,
+    pub amount: i64,
+}
+
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "account",
+    name = "credit"
+)]
+pub async fn credit_sqlite(
+    tx: &mut sqlx::SqliteConnection,
+    msg: Credited,
+) -> Result<(), HandlerError> {
+    let credit = sqlx::query(CREDIT).bind(msg.amount).bind(msg.account);
+    credit.execute(&mut *tx).await?;
+    Ok(())
+}
+
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "account",
+    name = "credit"
+)]
+pub async fn credit_postgres(
+    tx: &mut sqlx::PgConnection,
+    msg: Credited,
+) -> Result<(), HandlerError> {
+    let credit = sqlx::query(CREDIT).bind(msg.amount).bind(msg.account);
+    credit.execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// A new SQLite file `name` in the temp directory (the old one deleted).
+pub async fn fresh_sqlite(name: &str) -> Result<Pool<Sqlite>, Box<dyn std::error::Error>> {
+    let path = std::env::temp_dir().join(name);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let url = format!("sqlite://{}", path.display());
+    Ok(sqlx::SqlitePool::connect_with(inbox::sqlite_options(&url)?).await?)
+}
+
+/// The inbox schema without handler `credit`'s rows, and `accounts` accounts `acct-<n>` of
+/// balance 0.
+pub async fn prepare<DB: inbox::Backend>(
+    pool: &Pool<DB>,
+    accounts: usize,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    inbox::migrate(pool).await?;
+    for sql in [
+        "DROP TABLE IF EXISTS accounts",
+        "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0)",
+        "DELETE FROM inbox_messages WHERE handler = 'credit'",
+        "DELETE FROM inbox_streams WHERE handler = 'credit'",
+    ] {
+        sqlx::raw_sql(sql).execute(pool).await?;
+    }
+    let ids: Vec<String> = (0..accounts).map(|n| format!("('acct-{n}')")).collect();
+    for chunk in ids.chunks(1_000) {
+        let insert = format!("INSERT INTO accounts (id) VALUES {}", chunk.join(", "));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
