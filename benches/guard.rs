@@ -89,7 +89,7 @@ macro_rules! measure {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let sqlite = ledger::fresh_sqlite("inbox_bench_guard.db").await?;
     ledger::prepare(&sqlite, ACCOUNTS as usize).await?;
     measure!(sqlite, credit_sqlite).print("SQLite (WAL, synchronous = FULL)");

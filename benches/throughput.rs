@@ -1,12 +1,19 @@
-//! Throughput of the runtime: messages per second through `Inbox::run` over an in-memory broker,
-//! one message per transaction against batched mode (10, 100 and 1000 per transaction), for 1, 4
-//! and 16 workers, over 200 and 20,000 aggregates, with 30% duplicate deliveries. Prints figures
-//! and the ratio batched / one per transaction measured in the same round; rounds interleave the
-//! modes, so the machine's drift cancels out of the ratios.
+//! Throughput: messages per second through `Inbox::run` over an in-memory broker, one message
+//! per transaction against batched mode (10, 100 and 1000 per transaction); the same deliveries
+//! through `process()` called from as many tasks as the runtime has workers; and, on PostgreSQL
+//! when `pgbench` is installed, the guard's per-message SQL run by pgbench
+//! (`benches/pgbench/guard.sql`). For 1, 4 and 16 workers over 200 and 20,000 aggregates, with
+//! 30% duplicate deliveries. Prints msg/s and three ratios, each measured in the same rounds
+//! (rounds interleave the modes, so the machine's drift cancels out of the ratios):
+//! batched(100) / one per transaction, one per transaction / pgbench, and the runtime /
+//! `process()`.
 //!
 //! `cargo bench --bench throughput` runs on a SQLite file; `DATABASE_URL=postgres://...` adds
-//! PostgreSQL.
+//! PostgreSQL. `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or
+//! widen the runs.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use inbox::prelude::*;
@@ -17,13 +24,52 @@ mod ledger;
 
 use ledger::{Credited, credit_postgres, credit_sqlite};
 
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
 /// Distinct messages per measured run.
 const MESSAGES: usize = 4_000;
 /// The share of deliveries that are copies of an earlier one.
 const DUPLICATE_SHARE: f64 = 0.3;
 /// The most accounts a workload credits.
 const ACCOUNTS: usize = 20_000;
-const ROUNDS: usize = 2;
+/// The batch sizes measured, besides one message per transaction.
+const BATCHES: [usize; 3] = [10, 100, 1000];
+
+/// How one run handles the deliveries.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// `Inbox::run`, one message per transaction (`None`) or batched.
+    Runtime(Option<usize>),
+    /// `process()` from as many tasks as workers.
+    Process,
+    /// pgbench running the guard's SQL.
+    Pgbench,
+}
+
+/// What is measured, and how often.
+struct Plan {
+    aggregates: Vec<usize>,
+    workers: Vec<usize>,
+    rounds: usize,
+}
+
+impl Plan {
+    /// The full plan, narrowed by `BENCH_AGGREGATES`, `BENCH_WORKERS` and `BENCH_ROUNDS`.
+    fn from_env() -> Self {
+        let list = |name: &str, default: Vec<usize>| match std::env::var(name) {
+            Ok(values) => values
+                .split(',')
+                .filter_map(|v| v.trim().parse().ok())
+                .collect(),
+            Err(_) => default,
+        };
+        Self {
+            aggregates: list("BENCH_AGGREGATES", vec![200, ACCOUNTS]),
+            workers: list("BENCH_WORKERS", vec![1, 4, 16]),
+            rounds: list("BENCH_ROUNDS", vec![2]).first().copied().unwrap_or(2),
+        }
+    }
+}
 
 /// `MESSAGES` events round-robin over `aggregates` accounts, each account's in sequence order,
 /// delivered with 30% duplicates (each copy right behind a random earlier delivery).
@@ -51,14 +97,14 @@ fn deliveries(aggregates: usize) -> Vec<Envelope> {
     encoded.collect::<Result<_, _>>().expect("encode")
 }
 
-/// Runs `deliveries` through a new consumer group and returns messages (deliveries) per second.
-async fn measure<DB: Backend>(
+/// Runs `deliveries` through `Inbox::run` for a new consumer group; returns deliveries per second.
+async fn runtime<DB: Backend>(
     pool: &Pool<DB>,
     handler: impl Handler<DB, Message = Credited>,
     deliveries: &[Envelope],
     workers: usize,
     batch: Option<usize>,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<f64, Failure> {
     let broker = MemoryBroker::new();
     for delivery in deliveries {
         broker.publish(delivery.clone());
@@ -81,55 +127,220 @@ async fn measure<DB: Backend>(
     Ok(deliveries.len() as f64 / elapsed.as_secs_f64())
 }
 
-/// One table: for each aggregate count and worker count, msg/s per mode and the ratios.
-async fn table<DB: Backend, H>(
-    name: &str,
+/// Runs `deliveries` through `process()` from `workers` tasks taking them in order from one
+/// queue, after clearing what `process()` recorded before; returns deliveries per second.
+async fn process<DB: Backend, H>(
     pool: &Pool<DB>,
     handler: H,
-) -> Result<(), Box<dyn std::error::Error>>
+    deliveries: &[Envelope],
+    workers: usize,
+) -> Result<f64, Failure>
 where
-    H: Handler<DB, Message = Credited> + Copy,
+    H: Handler<DB, Message = Credited> + Copy + 'static,
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
 {
-    const MODES: [Option<usize>; 4] = [None, Some(10), Some(100), Some(1000)];
-    println!("{name}: {MESSAGES} messages + 30% duplicates, msg/s (median of {ROUNDS} rounds)");
-    println!(
-        "  {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}   batched(100) / one per tx",
-        "aggregates", "workers", "1 per tx", "batch 10", "batch 100", "batch 1000"
-    );
-    for aggregates in [200, ACCOUNTS] {
-        let deliveries = deliveries(aggregates);
-        for workers in [1, 4, 16] {
-            let mut rates = vec![Vec::new(); MODES.len()];
-            for _ in 0..ROUNDS {
-                for (mode, batch) in MODES.iter().enumerate() {
-                    let rate = measure(pool, handler, &deliveries, workers, *batch).await?;
-                    rates[mode].push(rate);
+    forget(pool, inbox::DEFAULT_CONSUMER).await?;
+    let queue: VecDeque<Credited> = deliveries
+        .iter()
+        .map(|delivery| delivery.decode::<Credited>())
+        .collect::<Result<_, _>>()?;
+    let queue = Arc::new(Mutex::new(queue));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (pool, queue) = (pool.clone(), Arc::clone(&queue));
+            tokio::spawn(async move {
+                loop {
+                    let next = queue.lock().expect("queue").pop_front();
+                    let Some(message) = next else {
+                        return Ok::<_, Failure>(());
+                    };
+                    handler.process(&pool, message).await?;
                 }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok(deliveries.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs `transactions` deliveries of the guard's SQL through pgbench with `workers` clients;
+/// returns its transactions (deliveries) per second, or `None` when pgbench is not installed.
+async fn pgbench(
+    url: &str,
+    aggregates: usize,
+    workers: usize,
+    transactions: usize,
+) -> Result<Option<f64>, Failure> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/pgbench/guard.sql");
+    let output = tokio::process::Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-f", script])
+        .args(["-D", &format!("aggregates={aggregates}")])
+        .args([
+            "-c",
+            &workers.to_string(),
+            "-j",
+            &workers.min(2).to_string(),
+        ])
+        .args(["-t", &(transactions / workers).to_string(), url])
+        .output()
+        .await;
+    let output = match output {
+        Ok(output) => output,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let tps = text
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|tps| tps.parse().ok());
+    match tps {
+        Some(tps) => Ok(Some(tps)),
+        None => Err(format!(
+            "pgbench failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into()),
+    }
+}
+
+/// One database to measure: its pool, its handler, and its URL for pgbench (PostgreSQL only).
+struct Target<DB: Backend, H> {
+    name: &'static str,
+    pool: Pool<DB>,
+    handler: H,
+    pgbench_url: Option<String>,
+}
+
+impl<DB: Backend, H> Target<DB, H>
+where
+    H: Handler<DB, Message = Credited> + Copy + 'static,
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    async fn measure(
+        &self,
+        mode: Mode,
+        aggregates: usize,
+        work: &[Envelope],
+        workers: usize,
+    ) -> Result<Option<f64>, Failure> {
+        let (pool, handler) = (&self.pool, self.handler);
+        match (mode, &self.pgbench_url) {
+            (Mode::Runtime(batch), _) => {
+                Ok(Some(runtime(pool, handler, work, workers, batch).await?))
             }
-            let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
-            println!(
-                "  {aggregates:>10} {workers:>7} {:>10.0} {:>10.0} {:>10.0} {:>10.0}   {:.2}x",
-                medians[0],
-                medians[1],
-                medians[2],
-                medians[3],
-                medians[2] / medians[0]
-            );
+            (Mode::Process, _) => Ok(Some(process(pool, handler, work, workers).await?)),
+            (Mode::Pgbench, Some(url)) => pgbench(url, aggregates, workers, work.len()).await,
+            (Mode::Pgbench, None) => Ok(None),
         }
+    }
+
+    /// One table: for each aggregate count and worker count, msg/s per mode and the ratios.
+    async fn table(&self, plan: &Plan) -> Result<(), Failure> {
+        let modes: Vec<Mode> = [Mode::Runtime(None)]
+            .into_iter()
+            .chain(BATCHES.map(|size| Mode::Runtime(Some(size))))
+            .chain([Mode::Process, Mode::Pgbench])
+            .collect();
+        println!(
+            "{}: {MESSAGES} messages + 30% duplicates, msg/s (median of {} rounds)",
+            self.name, plan.rounds
+        );
+        println!(
+            "  {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}   {:>9} {:>11} {:>11}",
+            "aggregates",
+            "workers",
+            "1 per tx",
+            "batch 10",
+            "batch 100",
+            "batch 1000",
+            "process()",
+            "pgbench",
+            "b100 / 1",
+            "1 / pgbench",
+            "1 / process"
+        );
+        for &aggregates in &plan.aggregates {
+            let work = deliveries(aggregates);
+            for &workers in &plan.workers {
+                let mut rates = vec![Vec::new(); modes.len()];
+                for _ in 0..plan.rounds {
+                    for (at, mode) in modes.iter().enumerate() {
+                        rates[at].extend(self.measure(*mode, aggregates, &work, workers).await?);
+                    }
+                }
+                let m: Vec<Option<f64>> = rates.iter_mut().map(|r| median(r)).collect();
+                let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => format!("{:.2}x", a / b),
+                    _ => "-".to_owned(),
+                };
+                let rate = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.0}"));
+                println!(
+                    "  {aggregates:>10} {workers:>7} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}   {:>9} {:>11} {:>11}",
+                    rate(m[0]),
+                    rate(m[1]),
+                    rate(m[2]),
+                    rate(m[3]),
+                    rate(m[4]),
+                    rate(m[5]),
+                    ratio(m[2], m[0]),
+                    ratio(m[0], m[5]),
+                    ratio(m[0], m[4])
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deletes what `consumer` recorded for handler `credit`, so that its next run finds nothing seen.
+async fn forget<DB: Backend>(pool: &Pool<DB>, consumer: &str) -> Result<(), Failure>
+where
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    for table in ["inbox_messages", "inbox_streams"] {
+        let delete =
+            format!("DELETE FROM {table} WHERE consumer = '{consumer}' AND handler = 'credit'");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(delete))
+            .execute(pool)
+            .await?;
     }
     Ok(())
 }
 
-fn median(rates: &mut [f64]) -> f64 {
+/// The message whose copies the pgbench script delivers as duplicates.
+async fn seen_by_pgbench(pool: &Pool<Postgres>) -> Result<(), Failure> {
+    forget(pool, "pgbench").await?;
+    sqlx::raw_sql(
+        "INSERT INTO inbox_messages (consumer, handler, message_id, message_type, status, payload_hash) \
+         VALUES ('pgbench', 'credit', 'seen', 'Credited', 'processed', '\\x00')",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+fn median(rates: &mut [f64]) -> Option<f64> {
     rates.sort_by(f64::total_cmp);
-    rates[rates.len() / 2]
+    rates.get(rates.len() / 2).copied()
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Failure> {
+    let plan = Plan::from_env();
     let sqlite = ledger::fresh_sqlite("inbox_bench_throughput.db").await?;
     ledger::prepare(&sqlite, ACCOUNTS).await?;
-    table("SQLite (WAL, synchronous = FULL)", &sqlite, credit_sqlite).await?;
+    let target = Target {
+        name: "SQLite (WAL, synchronous = FULL)",
+        pool: sqlite,
+        handler: credit_sqlite,
+        pgbench_url: None,
+    };
+    target.table(&plan).await?;
 
     match std::env::var("DATABASE_URL") {
         Ok(url) if url.starts_with("postgres") => {
@@ -138,7 +349,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .connect(&url)
                 .await?;
             ledger::prepare(&postgres, ACCOUNTS).await?;
-            table("PostgreSQL", &postgres, credit_postgres).await?;
+            seen_by_pgbench(&postgres).await?;
+            let target = Target {
+                name: "PostgreSQL",
+                pool: postgres,
+                handler: credit_postgres,
+                pgbench_url: Some(url),
+            };
+            target.table(&plan).await?;
+            forget(&target.pool, "pgbench").await?;
         }
         _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),
     }

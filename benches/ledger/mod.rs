@@ -46,7 +46,9 @@ pub async fn credit_postgres(
 }
 
 /// A new SQLite file `name` in the temp directory (the old one deleted).
-pub async fn fresh_sqlite(name: &str) -> Result<Pool<Sqlite>, Box<dyn std::error::Error>> {
+pub async fn fresh_sqlite(
+    name: &str,
+) -> Result<Pool<Sqlite>, Box<dyn std::error::Error + Send + Sync>> {
     let path = std::env::temp_dir().join(name);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -60,7 +62,7 @@ pub async fn fresh_sqlite(name: &str) -> Result<Pool<Sqlite>, Box<dyn std::error
 pub async fn prepare<DB: inbox::Backend>(
     pool: &Pool<DB>,
     accounts: usize,
-) -> Result<(), Box<dyn std::error::Error>>
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where
     for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
 {

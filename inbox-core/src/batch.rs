@@ -1,6 +1,14 @@
 //! Many messages in one transaction: each is guarded exactly as on its own (claim, ordering
 //! guard, handler), and one commit makes them all durable at once.
 //!
+//! The statements that do not need the handler run once for the whole batch ([`Batch::claim`]):
+//! one claims every message's dedup row, one reads the rows that were there already (the
+//! duplicates cost nothing more), and one advances every stream under monotonic ordering (the
+//! stale cost one write to be marked so). What is left per message is its handler. Where the
+//! database has no such statements (MySQL), or for a message the bulk claim could not decide (a
+//! retry that is due, strict ordering, a second message of one stream), the message is claimed
+//! and placed on its own, inside the same transaction.
+//!
 //! The batch is optimistic: as long as every message is kept or found seen before, nothing needs
 //! undoing. When a handler fails, the whole transaction is rolled back and the batch is
 //! [`Abandoned::Failed`]: the caller records that message's failure ([`conclude`], its
@@ -13,20 +21,51 @@
 //! message of a batch fails, the handlers that ran before it in the batch run again, their first
 //! run rolled back and never committed.
 
+use std::collections::HashSet;
+
 use sqlx::{Pool, Transaction};
 use tracing::{Instrument, Span};
 
 use crate::error::{Error, HandlerError};
-use crate::guard::{self, Delivery, Guarded, Received, Step};
+use crate::guard::{self, Delivery, Found, Guarded, Position, Received, Step};
 use crate::handler::Handler;
+use crate::keys::{Claim, Ordering};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
-use crate::storage::Backend;
+use crate::storage::messages::Claimed;
+use crate::storage::{Backend, bulk};
 
 /// An open batch: one transaction that guarded messages join until it commits.
 pub struct Batch<DB: Backend> {
     tx: Transaction<'static, DB>,
+}
+
+/// One message of a batch as its claim takes it: for which handler, and as received.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    claimant: (&'static str, &'static str),
+    ordering: Ordering,
+    received: Received<'a>,
+}
+
+impl<'a> Entry<'a> {
+    /// `received`, for `handler`.
+    pub fn new<DB: Backend, H: Handler<DB>>(handler: &H, received: Received<'a>) -> Self {
+        Self {
+            claimant: (handler.name(), H::Message::TYPE),
+            ordering: handler.ordering(),
+            received,
+        }
+    }
+}
+
+/// What [`Batch::claim`] found for one message: hand it to [`Batch::guard`] with the message.
+#[derive(Debug)]
+pub struct Ticket {
+    payload_hash: Vec<u8>,
+    /// What is left out is looked up on its own: the claim, the place in the stream.
+    found: Found,
 }
 
 /// A message guarded in a batch, its outcome waiting for the batch's commit: hand it to
@@ -55,8 +94,121 @@ impl<DB: Backend> Batch<DB> {
         })
     }
 
-    /// Guards `message` (as `received`) with `handler` inside the batch. A message whose handler
-    /// fails, or a statement the database refuses, rolls the whole batch back.
+    /// Claims every entry's dedup row, reads those already there and advances the streams of
+    /// monotonic ordering, in one statement each; returns a ticket per entry, in order, to guard
+    /// it with. A statement the database refuses rolls the batch back.
+    pub async fn claim(
+        &mut self,
+        consumer: &str,
+        entries: &[Entry<'_>],
+    ) -> Result<Vec<Ticket>, Abandoned> {
+        let hashes: Vec<Vec<u8>> = entries
+            .iter()
+            .map(|entry| guard::content_hash(entry.received.payload))
+            .collect();
+        let mut found: Vec<Found> = entries.iter().map(|_| Found::default()).collect();
+        if bulk::supported::<DB>() {
+            let claims: Vec<(usize, Claim<'_>)> = entries
+                .iter()
+                .zip(&hashes)
+                .enumerate()
+                .filter(|(_, (entry, _))| {
+                    let identity = entry.received.identity;
+                    identity.check_ordering(entry.ordering).is_ok()
+                })
+                .map(|(at, (entry, hash))| (at, claim_of(consumer, entry, hash)))
+                .collect();
+            let claimed = self.claim_all(consumer, &claims).await?;
+            for ((at, _), claimed) in claims.iter().zip(claimed) {
+                found[*at].claimed = claimed;
+            }
+            self.place_all(consumer, entries, &claims, &mut found)
+                .await?;
+        }
+        let tickets = hashes.into_iter().zip(found);
+        let ticket = |(payload_hash, found)| Ticket {
+            payload_hash,
+            found,
+        };
+        Ok(tickets.map(ticket).collect())
+    }
+
+    /// What the bulk claim found for each claim: `New`, `Seen`, or `None` for one to claim on
+    /// its own (its row is a failure whose retry is due, or it vanished).
+    async fn claim_all(
+        &mut self,
+        consumer: &str,
+        claims: &[(usize, Claim<'_>)],
+    ) -> Result<Vec<Option<Claimed>>, Abandoned> {
+        let rows: Vec<Claim<'_>> = claims.iter().map(|(_, claim)| *claim).collect();
+        let inserted = bulk::claim(&mut self.tx, consumer, &rows)
+            .await
+            .map_err(refused)?;
+        let key = |claim: &Claim<'_>| (claim.handler.to_owned(), claim.message_id.to_owned());
+        let there: Vec<(&str, &str)> = rows
+            .iter()
+            .filter(|claim| !inserted.contains(&key(claim)))
+            .map(|claim| (claim.handler, claim.message_id))
+            .collect();
+        let mut seen = match there.is_empty() {
+            true => Default::default(),
+            false => bulk::seen(&mut self.tx, consumer, &there)
+                .await
+                .map_err(refused)?,
+        };
+        let claimed = rows.iter().map(|claim| {
+            if inserted.contains(&key(claim)) {
+                return Some(Claimed::New);
+            }
+            let found = seen.remove(&key(claim))?;
+            (!found.retry_due_for(claim)).then_some(Claimed::Seen(found))
+        });
+        Ok(claimed.collect())
+    }
+
+    /// Advances, in one statement, the stream of every newly claimed message under monotonic
+    /// ordering (the first message of each stream: a later one takes its place on its own), and
+    /// marks each ticket `Next` or `Stale`.
+    async fn place_all(
+        &mut self,
+        consumer: &str,
+        entries: &[Entry<'_>],
+        claims: &[(usize, Claim<'_>)],
+        found: &mut [Found],
+    ) -> Result<(), Abandoned> {
+        let mut streams = HashSet::new();
+        let placeable: Vec<(usize, (&str, &str, i64))> = claims
+            .iter()
+            .filter(|(at, _)| {
+                let monotonic = matches!(entries[*at].ordering, Ordering::Monotonic);
+                monotonic && matches!(found[*at].claimed, Some(Claimed::New))
+            })
+            .filter_map(|(at, claim)| {
+                Some((*at, (claim.handler, claim.aggregate?, claim.sequence?)))
+            })
+            .filter(|(_, (handler, aggregate, _))| streams.insert((*handler, *aggregate)))
+            .collect();
+        if placeable.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(&str, &str, i64)> = placeable.iter().map(|(_, row)| *row).collect();
+        let advanced = bulk::advance(&mut self.tx, consumer, &rows)
+            .await
+            .map_err(refused)?;
+        for (at, (handler, aggregate, _)) in placeable {
+            let moved = advanced.contains(&(handler.to_owned(), aggregate.to_owned()));
+            found[at].placed = Some(if moved {
+                Position::Next
+            } else {
+                Position::Stale
+            });
+        }
+        Ok(())
+    }
+
+    /// Guards `message` (as `received`) with `handler` inside the batch, from what the batch's
+    /// claim found for it (`ticket`). A message whose handler fails, or a statement the database
+    /// refuses, rolls the whole batch back.
     pub async fn guard<H: Handler<DB>>(
         self,
         consumer: &str,
@@ -64,6 +216,7 @@ impl<DB: Backend> Batch<DB> {
         message: H::Message,
         received: Received<'_>,
         retry: &RetryPolicy,
+        ticket: Ticket,
     ) -> Result<(Self, Staged), Abandoned> {
         let delivery = Delivery::new(consumer, received, retry);
         let span = guard::message_span(&delivery, handler.name(), H::Message::TYPE);
@@ -74,9 +227,8 @@ impl<DB: Backend> Batch<DB> {
         {
             return Err(Abandoned::Refused);
         }
-        let payload_hash = guard::content_hash(received.payload);
-        let claim = guard::claim_of(handler, &delivery, &payload_hash);
-        let attempt = guard::attempt(self.tx, handler, message, &delivery, &claim);
+        let claim = guard::claim_of(handler, &delivery, &ticket.payload_hash);
+        let attempt = guard::attempt(self.tx, handler, message, &delivery, &claim, ticket.found);
         let (tx, guarded) = match attempt.instrument(span.clone()).await {
             Ok(Step::Keep(tx, outcome)) => (tx, Ok(outcome)),
             Ok(Step::Undo(tx, seen)) => (tx, seen),
@@ -93,6 +245,18 @@ impl<DB: Backend> Batch<DB> {
             Abandoned::Refused
         })
     }
+}
+
+/// The dedup row `entry` claims for `consumer`, with its payload's hash.
+fn claim_of<'a>(consumer: &'a str, entry: &Entry<'a>, payload_hash: &'a [u8]) -> Claim<'a> {
+    let identity = entry.received.identity;
+    guard::claim_for(consumer, entry.claimant, identity, payload_hash)
+}
+
+/// A bulk statement the database refused: the batch is rolled back.
+fn refused(error: sqlx::Error) -> Abandoned {
+    tracing::warn!(%error, "a batch's claim failed; its messages go one by one");
+    Abandoned::Refused
 }
 
 /// Where a message stands once its batch ended.

@@ -153,7 +153,7 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     let payload_hash = content_hash(delivery.payload);
     let claim = claim_of(handler, delivery, &payload_hash);
     let tx = DB::begin(pool).await?;
-    match attempt(tx, handler, message, delivery, &claim).await? {
+    match attempt(tx, handler, message, delivery, &claim, Found::default()).await? {
         Step::Keep(tx, outcome) => {
             tx.commit().await?;
             Ok(outcome)
@@ -191,17 +191,36 @@ pub(crate) fn claim_of<'a, DB: Backend, H: Handler<DB>>(
     delivery: &Delivery<'a>,
     payload_hash: &'a [u8],
 ) -> Claim<'a> {
-    let identity = delivery.identity;
+    let claimant = (handler.name(), H::Message::TYPE);
+    claim_for(delivery.consumer, claimant, delivery.identity, payload_hash)
+}
+
+/// The dedup row a message of `identity` claims for `consumer` and a (handler, message type).
+pub(crate) fn claim_for<'a>(
+    consumer: &'a str,
+    (handler, message_type): (&'static str, &'static str),
+    identity: &'a Identity,
+    payload_hash: &'a [u8],
+) -> Claim<'a> {
     Claim {
-        consumer: delivery.consumer,
-        handler: handler.name(),
+        consumer,
+        handler,
         message_id: identity.message_id(),
-        message_type: H::Message::TYPE,
+        message_type,
         aggregate: identity.aggregate(),
         sequence: identity.sequence(),
         payload_hash,
         now_ms: now_ms(),
     }
+}
+
+/// What a batch found out about a message before its turn; nothing, on its own.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    /// How the message is claimed.
+    pub(crate) claimed: Option<Claimed>,
+    /// Where it stands in its stream.
+    pub(crate) placed: Option<Position>,
 }
 
 /// What one attempt at a message left in its transaction.
@@ -215,22 +234,32 @@ pub(crate) enum Step<DB: Backend> {
 }
 
 /// Claims the message, applies the ordering guard and runs the handler, in `tx`: the guard
-/// algorithm, the same whether the transaction is the message's own or a batch's. A database
-/// error drops (rolls back) the transaction.
+/// algorithm, the same whether the transaction is the message's own or a batch's. What a batch
+/// already found (`found`: how the message is claimed, its place in its stream) is not looked up
+/// again. A database error drops (rolls back) the transaction.
 pub(crate) async fn attempt<DB: Backend, H: Handler<DB>>(
     mut tx: Transaction<'static, DB>,
     handler: &H,
     message: H::Message,
     delivery: &Delivery<'_>,
     claim: &Claim<'_>,
+    found: Found,
 ) -> Result<Step<DB>, Error> {
-    let attempt = match messages::claim(&mut tx, claim).await? {
+    let claimed = match found.claimed {
+        Some(claimed) => claimed,
+        None => messages::claim(&mut tx, claim).await?,
+    };
+    let attempt = match claimed {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
         Claimed::Seen(seen) => return Ok(Step::Undo(tx, seen_outcome(claim, &seen))),
     };
     tracing::Span::current().record("inbox.attempt", attempt);
-    let outcome = match position(&mut tx, claim, handler.ordering()).await? {
+    let position = match found.placed {
+        Some(position) => position,
+        None => position(&mut tx, claim, handler.ordering()).await?,
+    };
+    let outcome = match position {
         Position::Stale => {
             messages::settle(&mut tx, &claim.key(), MessageStatus::Stale).await?;
             Outcome::Stale
@@ -421,7 +450,8 @@ enum Recorded {
 }
 
 /// Where a claimed message stands in its aggregate's stream.
-enum Position {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Position {
     /// Apply it now.
     Next,
     /// Not newer than the last applied one: skip it.

@@ -538,10 +538,14 @@ impl<DB: Backend> Shared<DB> {
     ) -> Result<Vec<Staged>, (usize, Abandoned)> {
         let begun = inbox_core::batch::Batch::begin(&self.pool).await;
         let mut batch = begun.map_err(|_| (0, Abandoned::Refused))?;
+        let entries: Vec<_> = jobs.iter().map(|(_, (job, env))| job.entry(env)).collect();
+        let claimed = batch.claim(&self.consumer, &entries).await;
+        let tickets = claimed.map_err(|abandoned| (0, abandoned))?;
         let mut staged = Vec::with_capacity(jobs.len());
-        for (at, (_, (job, envelope))) in jobs.iter_mut().enumerate() {
+        for (at, ((_, (job, envelope)), ticket)) in jobs.iter_mut().zip(tickets).enumerate() {
             let retry = self.retry.of(job.handler());
-            let guarded = job.stage(batch, &self.consumer, envelope, retry).await;
+            let guarded = job.stage(batch, &self.consumer, envelope, retry, ticket);
+            let guarded = guarded.await;
             let (next, one) = guarded.map_err(|abandoned| (at, abandoned))?;
             batch = next;
             staged.push(one);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use inbox_core::batch::{Abandoned, Batch, InBatch, Staged};
+use inbox_core::batch::{Abandoned, Batch, Entry, InBatch, Staged, Ticket};
 use inbox_core::{
     Backend, Envelope, Error, Guarded, Handler, Identity, Ordering, Outcome, Received, RetryPolicy,
 };
@@ -74,13 +74,16 @@ pub(crate) trait Job<DB: Backend>: Send {
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
     ) -> BoxFuture<'a, Result<Handled, Error>>;
-    /// Guards the message inside `batch`, which it hands on.
+    /// The message as a batch claims it.
+    fn entry<'a>(&'a self, envelope: &'a Envelope) -> Entry<'a>;
+    /// Guards the message inside `batch`, which it hands on, from what the batch's claim found.
     fn stage<'a>(
         &'a mut self,
         batch: Batch<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
+        ticket: Ticket,
     ) -> BoxFuture<'a, Result<(Batch<DB>, Staged), Abandoned>>;
     /// What the message came to, once its batch ended.
     fn conclude<'a>(
@@ -227,18 +230,23 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
         })
     }
 
+    fn entry<'a>(&'a self, envelope: &'a Envelope) -> Entry<'a> {
+        Entry::new(&*self.handler, self.received(envelope))
+    }
+
     fn stage<'a>(
         &'a mut self,
         batch: Batch<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
+        ticket: Ticket,
     ) -> BoxFuture<'a, Result<(Batch<DB>, Staged), Abandoned>> {
         Box::pin(async move {
             let message = self.message(envelope).map_err(|_| Abandoned::Refused)?;
             let (handler, received) = (&*self.handler, self.received(envelope));
             batch
-                .guard(consumer, handler, message, received, retry)
+                .guard(consumer, handler, message, received, retry, ticket)
                 .await
         })
     }

@@ -3,7 +3,7 @@
 //! aggregate's jobs run one at a time and in arrival order, while no worker idles as long as some
 //! other aggregate has work.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,11 +31,25 @@ pub(crate) struct Scheduler<T> {
     capacity: usize,
 }
 
+/// Each key's jobs in arrival order, and the free keys with a job waiting ordered by when that
+/// job arrived: taking the oldest free job, and freeing a key, cost a lookup each, however many
+/// jobs wait behind busy keys.
 struct State<T> {
-    waiting: VecDeque<(Key, T)>,
-    handling: HashSet<Key>,
+    keys: HashMap<Key, KeyQueue<T>>,
+    /// Free keys with a waiting job, by the arrival number of their first waiting job.
+    ready: BTreeMap<u64, Key>,
+    /// The arrival number of the next job pushed.
+    arrivals: u64,
+    waiting: usize,
     closed: bool,
     workers: usize,
+}
+
+/// The jobs of one key that wait, each with its arrival number, and whether one is being
+/// handled.
+struct KeyQueue<T> {
+    jobs: VecDeque<(u64, T)>,
+    busy: bool,
 }
 
 /// A taken job's key: busy until this is dropped (also when the worker unwinds), so the
@@ -49,8 +63,10 @@ impl<T> Scheduler<T> {
     /// A scheduler for `workers` workers, with room for `capacity` units of work in flight.
     pub(crate) fn new(workers: usize, capacity: usize) -> Self {
         let state = State {
-            waiting: VecDeque::new(),
-            handling: HashSet::new(),
+            keys: HashMap::new(),
+            ready: BTreeMap::new(),
+            arrivals: 0,
+            waiting: 0,
             closed: false,
             workers,
         };
@@ -71,7 +87,7 @@ impl<T> Scheduler<T> {
 
     /// Queues a job behind the earlier jobs of its key.
     pub(crate) fn push(&self, key: Key, job: T) {
-        self.lock().waiting.push_back((key, job));
+        self.lock().push(key, job);
         self.changed.notify_waiters();
     }
 
@@ -99,7 +115,7 @@ impl<T> Scheduler<T> {
                         },
                     ));
                 }
-                if state.closed && state.waiting.is_empty() {
+                if state.closed && state.waiting == 0 {
                     return None;
                 }
             }
@@ -154,24 +170,82 @@ impl<T> Scheduler<T> {
 }
 
 impl<T> State<T> {
-    /// Removes the first waiting job whose key is free and marks the key busy. A job never
-    /// overtakes an earlier one of its key: that one comes first in the queue, and while the
-    /// key is busy, both wait.
+    /// Queues a job behind its key's earlier ones; a free key with nothing waiting becomes ready.
+    fn push(&mut self, key: Key, job: T) {
+        let arrival = self.arrivals;
+        self.arrivals += 1;
+        self.waiting += 1;
+        let queue = self.keys.entry(key.clone()).or_insert_with(|| KeyQueue {
+            jobs: VecDeque::new(),
+            busy: false,
+        });
+        if queue.jobs.is_empty() && !queue.busy {
+            self.ready.insert(arrival, key);
+        }
+        queue.jobs.push_back((arrival, job));
+    }
+
+    /// Removes the oldest waiting job whose key is free and marks the key busy. A job never
+    /// overtakes an earlier one of its key: only a key's first waiting job can be taken, and
+    /// only while the key is free.
     fn take_free(&mut self) -> Option<(Key, T)> {
-        let handling = &self.handling;
-        let index = self
-            .waiting
-            .iter()
-            .position(|(key, _)| !handling.contains(key))?;
-        let (key, job) = self.waiting.remove(index)?;
-        self.handling.insert(key.clone());
+        let (_, key) = self.ready.pop_first()?;
+        let queue = self.keys.get_mut(&key)?;
+        let (_, job) = queue.jobs.pop_front()?;
+        queue.busy = true;
+        self.waiting -= 1;
         Some((key, job))
+    }
+
+    /// Frees a key: its next waiting job becomes ready, or the key is forgotten.
+    fn free(&mut self, key: &Key) {
+        let Some(queue) = self.keys.get_mut(key) else {
+            return;
+        };
+        queue.busy = false;
+        match queue.jobs.front() {
+            Some((arrival, _)) => {
+                self.ready.insert(*arrival, key.clone());
+            }
+            None => {
+                self.keys.remove(key);
+            }
+        }
     }
 }
 
 impl<T> Drop for Busy<'_, T> {
     fn drop(&mut self) {
-        self.scheduler.lock().handling.remove(&self.key);
+        self.scheduler.lock().free(&self.key);
         self.scheduler.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(aggregate: &str) -> Key {
+        ("handler", Serial::Aggregate(aggregate.to_owned()))
+    }
+
+    #[tokio::test]
+    async fn a_busy_key_holds_back_only_its_own_jobs_and_the_oldest_free_job_comes_first() {
+        let scheduler = Scheduler::new(1, 16);
+        for (aggregate, job) in [("a", 1), ("a", 2), ("b", 3), ("c", 4), ("b", 5)] {
+            scheduler.push(key(aggregate), job);
+        }
+        let (first, busy_a) = scheduler.take().await.expect("a job");
+        let taken = scheduler.take_up_to(10, Duration::ZERO).await;
+        let jobs: Vec<i32> = taken.iter().map(|(job, _)| *job).collect();
+        assert_eq!((first, jobs), (1, vec![3, 4]), "a and b are busy");
+        drop(busy_a);
+        drop(taken);
+        let rest = scheduler.take_up_to(10, Duration::ZERO).await;
+        let jobs: Vec<i32> = rest.iter().map(|(job, _)| *job).collect();
+        assert_eq!(jobs, vec![2, 5], "each key's next job, oldest first");
+        drop(rest);
+        scheduler.close();
+        assert!(scheduler.take().await.is_none());
     }
 }

@@ -20,7 +20,8 @@ use crate::route::{Handled, Job};
 use crate::schedule::{Scheduler, Serial};
 use crate::source::{Acknowledge, Delivery, Source, SourceError};
 
-/// Jobs pulled per worker before the router waits: bounds the work pulled but not settled.
+/// Jobs pulled per worker before the router waits: bounds the work pulled but not settled. In
+/// batched mode a worker has room for two batches: the one it runs and the next one, filling.
 const QUEUE_PER_WORKER: usize = 16;
 
 /// How many deliveries of a failed message that came before its retry was due are handed back to
@@ -72,7 +73,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     let consuming_since = Instant::now();
     let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared), consuming_since);
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
-    let capacity = shared.workers * QUEUE_PER_WORKER;
+    let capacity = shared.workers * QUEUE_PER_WORKER.max(2 * shared.batch.size());
     let scheduler = Arc::new(Scheduler::new(shared.workers, capacity));
     let workers: Vec<_> = (0..shared.workers)
         .map(|_| tokio::spawn(handle_all(Arc::clone(&shared), Arc::clone(&scheduler))))

@@ -47,7 +47,7 @@ impl FromColumns for Seen {
 
 impl Seen {
     /// Whether `claim` may take this row for its next attempt now.
-    fn retry_due_for(&self, claim: &Claim<'_>) -> bool {
+    pub(crate) fn retry_due_for(&self, claim: &Claim<'_>) -> bool {
         self.status == MessageStatus::Failed
             && self.payload_hash == claim.payload_hash
             && self.retry_at_ms.is_some_and(|due| due <= claim.now_ms)

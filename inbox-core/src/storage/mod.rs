@@ -18,6 +18,7 @@ use std::future::Future;
 use sqlx::migrate::{Migrate, Migrator};
 use sqlx::{Database, IntoArguments, Pool, Transaction};
 
+pub mod bulk;
 pub mod messages;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -95,6 +96,9 @@ pub struct Statements {
     pub operators: OperatorSql,
     /// The purge.
     pub purge: PurgeSql,
+    /// A batch's claims and stream advances, many rows a statement; `None` where a statement
+    /// cannot say which rows it wrote (MySQL): a batch there claims one message at a time.
+    pub batch: Option<BatchSql>,
     /// The schema check.
     pub check_schema: &'static str,
 }
@@ -187,6 +191,20 @@ pub struct OperatorSql {
     pub status: &'static str,
     /// The space the inbox takes ([`operators::storage_bytes`]).
     pub storage_bytes: &'static str,
+}
+
+/// The statements a batch runs once for all its messages ([`bulk`]). Each takes the consumer,
+/// then a JSON array of rows.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSql {
+    /// Inserts a `processed` row per claim unless one is there; gives the keys it inserted
+    /// ([`bulk::claim`]).
+    pub claim: &'static str,
+    /// Reads the dedup rows there for a list of keys ([`bulk::seen`]).
+    pub seen: &'static str,
+    /// Creates or advances streams, writing only those whose sequence is newer; gives the keys
+    /// it wrote ([`bulk::advance`]).
+    pub advance: &'static str,
 }
 
 /// The statements of the purge.

@@ -12,6 +12,8 @@
 //! - `READ COMMITTED`, pinned per transaction: under `REPEATABLE READ` the gap locks of two claims
 //!   deadlock each other;
 //! - no partial indexes: a generated column and composite indexes (see the migration);
+//! - no bulk statements for a batch (`batch: None`): without `RETURNING` a statement cannot say
+//!   which of its rows it wrote, so a batch claims its messages one at a time;
 //! - `GET_LOCK` for the purge leader, `DATE_FORMAT` and `TIMESTAMPDIFF` for times.
 
 use crate::context::{Context, DatabaseHandle};
@@ -172,6 +174,7 @@ const SQL: Statements = Statements {
             "SELECT CAST(COALESCE(GET_LOCK(CONCAT('inbox_purge.', DATABASE()), 0), 0) AS SIGNED)",
         ),
     },
+    batch: None,
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
         s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
 };

@@ -6,7 +6,9 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::migrate::Migrator;
 use sqlx::{Pool, Postgres, Transaction};
 
-use super::{Backend, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql};
+use super::{
+    Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql,
+};
 
 /// The columns of a `StoredMessage`, with `received_at` and `failed_at` as UTC text.
 macro_rules! select_stored {
@@ -230,6 +232,29 @@ pub(super) const SQL: Statements = Statements {
             THEN 1 ELSE 0 END)::int8",
         ),
     },
+    // Rows are written in key order, so that two batches never wait for each other's rows in
+    // opposite orders; each row found is one lookup of its key, whatever the statistics say.
+    batch: Some(BatchSql {
+        claim: "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+            SELECT $1, r.handler, r.message_id, r.message_type, r.aggregate_id, r.sequence_number, 'processed', \
+            decode(r.payload_hash, 'hex'), CURRENT_TIMESTAMP \
+            FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text, message_type text, \
+            aggregate_id text, sequence_number int8, payload_hash text) \
+            ORDER BY r.handler, r.message_id \
+            ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING handler, message_id",
+        seen: "SELECT m.handler, m.message_id, m.payload_hash, m.status, m.retry_at_ms \
+            FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text), \
+            LATERAL (SELECT * FROM inbox_messages WHERE consumer = $1 AND handler = r.handler \
+            AND message_id = r.message_id) m",
+        advance: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+            SELECT $1, r.handler, r.aggregate_id, r.sequence_number \
+            FROM jsonb_to_recordset($2::jsonb) AS r(handler text, aggregate_id text, sequence_number int8) \
+            ORDER BY r.handler, r.aggregate_id \
+            ON CONFLICT (consumer, handler, aggregate_id) \
+            DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
+            WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
+    }),
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
         s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
 };

@@ -8,7 +8,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{Pool, Sqlite, Transaction};
 
 use super::postgres::{self, overdue_gaps, parked_streams, select_stored};
-use super::{Backend, OperatorSql, PurgeSql, Statements, StreamSql};
+use super::{Backend, BatchSql, OperatorSql, PurgeSql, Statements, StreamSql};
 
 /// SQLite's statements.
 const SQL: Statements = Statements {
@@ -65,6 +65,25 @@ const SQL: Statements = Statements {
             ORDER BY processed_at LIMIT $2)",
         lock: None,
     },
+    // One writer at a time: no lock order to keep. `WHERE true` tells the upsert from a join.
+    batch: Some(BatchSql {
+        claim: "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+            SELECT $1, r.value ->> 'handler', r.value ->> 'message_id', r.value ->> 'message_type', \
+            r.value ->> 'aggregate_id', r.value ->> 'sequence_number', 'processed', \
+            unhex(r.value ->> 'payload_hash'), CURRENT_TIMESTAMP FROM json_each($2) AS r WHERE true \
+            ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING handler, message_id",
+        seen: "SELECT m.handler, m.message_id, m.payload_hash, m.status, m.retry_at_ms \
+            FROM json_each($2) AS r CROSS JOIN inbox_messages m \
+            WHERE m.consumer = $1 AND m.handler = r.value ->> 'handler' \
+            AND m.message_id = r.value ->> 'message_id'",
+        advance: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+            SELECT $1, r.value ->> 'handler', r.value ->> 'aggregate_id', r.value ->> 'sequence_number' \
+            FROM json_each($2) AS r WHERE true \
+            ON CONFLICT (consumer, handler, aggregate_id) \
+            DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
+            WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
+    }),
     ..postgres::SQL
 };
 

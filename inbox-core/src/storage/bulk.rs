@@ -1,0 +1,174 @@
+//! Many dedup rows and streams in one statement each, for a batch: the claims of all its
+//! messages, the rows some of them found there already, and the advance of their streams. The
+//! rows go to the database as one JSON document (`jsonb_to_recordset` on PostgreSQL,
+//! `json_each` on SQLite), so each statement is one fixed text, prepared once, whatever the
+//! batch's size.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+use sqlx::Transaction;
+
+use super::messages::Seen;
+use super::sql::{self, Columns, FromColumns, Param};
+use super::{Backend, BatchSql};
+use crate::keys::Claim;
+
+/// A dedup row's key within one consumer: (handler, message id).
+pub type RowKey = (String, String);
+
+/// A stream's key within one consumer: (handler, aggregate).
+pub type StreamKey = (String, String);
+
+/// One dedup row of a bulk claim, as the statement reads it from the document.
+#[derive(Serialize)]
+struct ClaimRow<'a> {
+    handler: &'a str,
+    message_id: &'a str,
+    message_type: &'a str,
+    aggregate_id: Option<&'a str>,
+    sequence_number: Option<i64>,
+    /// The payload hash in hexadecimal: JSON has no bytes.
+    payload_hash: String,
+}
+
+/// One stream of a bulk advance.
+#[derive(Serialize)]
+struct StreamRow<'a> {
+    handler: &'a str,
+    aggregate_id: &'a str,
+    sequence_number: i64,
+}
+
+/// A key read back from a bulk statement.
+struct Keyed(String, String);
+
+impl FromColumns for Keyed {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(Keyed(row.text(0)?, row.text(1)?))
+    }
+}
+
+/// A dedup row found by [`seen`], with its key.
+struct SeenRow(RowKey, Seen);
+
+impl FromColumns for SeenRow {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(SeenRow(
+            (row.text(0)?, row.text(1)?),
+            Seen {
+                payload_hash: row.maybe_bytes(2)?.unwrap_or_default(),
+                status: sql::named(row, 3, crate::keys::MessageStatus::parse)?,
+                retry_at_ms: row.maybe_int(4)?,
+            },
+        ))
+    }
+}
+
+/// The database's bulk statements, if it has them (MySQL has no `RETURNING` to say which rows a
+/// statement wrote: a batch there claims one message at a time).
+pub fn supported<DB: Backend>() -> bool {
+    DB::SQL.batch.is_some()
+}
+
+fn statements<DB: Backend>() -> Result<BatchSql, sqlx::Error> {
+    DB::SQL
+        .batch
+        .ok_or_else(|| sqlx::Error::Protocol("this database has no bulk statements".into()))
+}
+
+/// Inserts a `processed` dedup row for every claim of `consumer` that has none yet; returns the
+/// keys it inserted (a claim whose row was there is not among them).
+pub async fn claim<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    consumer: &str,
+    claims: &[Claim<'_>],
+) -> Result<HashSet<RowKey>, sqlx::Error> {
+    let rows: Vec<ClaimRow<'_>> = claims
+        .iter()
+        .map(|claim| ClaimRow {
+            handler: claim.handler,
+            message_id: claim.message_id,
+            message_type: claim.message_type,
+            aggregate_id: claim.aggregate,
+            sequence_number: claim.sequence,
+            payload_hash: hex(claim.payload_hash),
+        })
+        .collect();
+    let sql = statements::<DB>()?.claim;
+    keys::<DB>(tx, sql, consumer, &rows).await
+}
+
+/// The dedup rows of `consumer` already there for `keys`, by key.
+pub async fn seen<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    consumer: &str,
+    keys: &[(&str, &str)],
+) -> Result<HashMap<RowKey, Seen>, sqlx::Error> {
+    #[derive(Serialize)]
+    struct Key<'a> {
+        handler: &'a str,
+        message_id: &'a str,
+    }
+    let rows: Vec<Key<'_>> = keys
+        .iter()
+        .map(|&(handler, message_id)| Key {
+            handler,
+            message_id,
+        })
+        .collect();
+    let document = document(&rows)?;
+    let params = [Param::Text(consumer), Param::Text(&document)];
+    let sql = statements::<DB>()?.seen;
+    let found = sql::fetch_all::<DB, SeenRow>(sql::conn(tx), sql, &params).await?;
+    Ok(found
+        .into_iter()
+        .map(|SeenRow(key, seen)| (key, seen))
+        .collect())
+}
+
+/// Locks each of `consumer`'s streams (creating those missing) and moves it to its sequence if
+/// that is newer than its last applied one, like [`super::streams::advance`] for each; returns
+/// the streams it moved (a stream that is not among them had its message stale). Each stream
+/// may appear once.
+pub async fn advance<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    consumer: &str,
+    streams: &[(&str, &str, i64)],
+) -> Result<HashSet<StreamKey>, sqlx::Error> {
+    let rows: Vec<StreamRow<'_>> = streams
+        .iter()
+        .map(|&(handler, aggregate_id, sequence_number)| StreamRow {
+            handler,
+            aggregate_id,
+            sequence_number,
+        })
+        .collect();
+    let sql = statements::<DB>()?.advance;
+    keys::<DB>(tx, sql, consumer, &rows).await
+}
+
+/// Runs a bulk write over `rows` that returns the keys it wrote.
+async fn keys<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    sql: &'static str,
+    consumer: &str,
+    rows: &[impl Serialize],
+) -> Result<HashSet<(String, String)>, sqlx::Error> {
+    let document = document(rows)?;
+    let params = [Param::Text(consumer), Param::Text(&document)];
+    let written = sql::fetch_all::<DB, Keyed>(sql::conn(tx), sql, &params).await?;
+    Ok(written.into_iter().map(|Keyed(a, b)| (a, b)).collect())
+}
+
+fn document(rows: &[impl Serialize]) -> Result<String, sqlx::Error> {
+    serde_json::to_string(rows).map_err(|error| sqlx::Error::Encode(Box::new(error)))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut text, byte| {
+        let _ = write!(text, "{byte:02x}");
+        text
+    })
+}
