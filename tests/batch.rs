@@ -41,6 +41,36 @@ macro_rules! batch_suite {
             Ok(())
         }
 
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "batch.counted")]
+        struct Counted {
+            id: String,
+            account: String,
+            sequence: i64,
+        }
+
+        /// Counts its calls, like `step`, in sequence order per account.
+        #[inbox_handler(
+            key = "id",
+            sequence = "sequence",
+            aggregate = "account",
+            name = "counted"
+        )]
+        async fn counted(tx: &mut $conn, msg: Counted) -> Result<(), HandlerError> {
+            let _ = tx;
+            *CALLS.lock().unwrap().entry(msg.id.clone()).or_default() += 1;
+            Ok(())
+        }
+
+        fn counted_delivery(n: usize, (id, account, sequence): (&str, &str, i64)) -> Envelope {
+            let message = Counted {
+                id: id.into(),
+                account: account.into(),
+                sequence,
+            };
+            Envelope::encode(format!("counted-{n}"), &message).unwrap()
+        }
+
         async fn database(test: &str) -> Option<Pool> {
             let pool = $connect(test).await?;
             let ddl = "CREATE TABLE written (id VARCHAR(64) NOT NULL)";
@@ -106,6 +136,71 @@ macro_rules! batch_suite {
                 (dead[0].message_id.as_str(), dead[0].attempt_count),
                 ("bad", 1)
             );
+        }
+
+        #[tokio::test]
+        async fn a_batch_tells_new_duplicate_stale_and_conflicting_messages_apart_at_once() {
+            let Some(pool) = database("batch_kinds").await else {
+                return;
+            };
+            let inbox = Inbox::builder(pool.clone())
+                .workers(1)
+                .batch(Batch::new(16).linger(std::time::Duration::from_millis(300)))
+                .handler(counted)
+                .build()
+                .await
+                .unwrap();
+            let first = MemoryBroker::new();
+            for (n, delivery) in [
+                ("q-seen", "acct-q", 2),
+                ("q-prior", "acct-p", 2),
+                ("q-third", "acct-t", 5),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                first.publish(counted_delivery(n, delivery));
+            }
+            first.close();
+            inbox.run(first.source()).await.unwrap();
+
+            // One aggregate each, so that the worker lingering for a batch takes all five at once.
+            let broker = MemoryBroker::new();
+            let deliveries = [
+                ("q-new", "acct-r", 1),
+                ("q-seen", "acct-q", 2),
+                ("q-late", "acct-p", 1),
+                ("q-third", "acct-t", 6),
+                ("q-other", "acct-s", 4),
+            ];
+            for (n, delivery) in deliveries.into_iter().enumerate() {
+                broker.publish(counted_delivery(n + 3, delivery));
+            }
+            broker.close();
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            let counts = [
+                Outcome::Processed,
+                Outcome::Duplicate,
+                Outcome::Stale,
+                Outcome::Conflict,
+            ]
+            .map(|outcome| report.count(outcome));
+            assert_eq!(counts, [2, 1, 1, 1], "{report:?}");
+            let calls = CALLS.lock().unwrap().clone();
+            let ran = |id: &str| calls.get(id).copied().unwrap_or(0);
+            assert_eq!(
+                [
+                    ran("q-new"),
+                    ran("q-seen"),
+                    ran("q-late"),
+                    ran("q-third"),
+                    ran("q-other")
+                ],
+                [1, 1, 0, 1, 1],
+                "only new messages ran: {calls:?}"
+            );
+            assert_eq!(broker.acked(), 5);
         }
 
         #[tokio::test]

@@ -206,9 +206,12 @@ pub async fn schedule_retry<DB: Backend>(
 }
 
 /// Fails if the transaction can no longer commit: PostgreSQL aborts a transaction at its first
-/// failed statement, and then turns `COMMIT` into a silent rollback.
+/// failed statement, and then turns `COMMIT` into a silent rollback. Costs nothing where a
+/// failed statement aborts only itself.
 pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
-    sql::execute::<DB>(sql::conn(tx), DB::SQL.messages.check_open, &[]).await?;
+    if let Some(check) = DB::SQL.messages.check_open {
+        sql::execute::<DB>(sql::conn(tx), check, &[]).await?;
+    }
     Ok(())
 }
 

@@ -119,8 +119,10 @@ pub struct MessageSql {
     pub update_failure: Returning,
     /// Sets when a failed message is due ([`messages::schedule_retry`]).
     pub schedule_retry: &'static str,
-    /// A statement that fails on a transaction that can no longer commit ([`messages::check_open`]).
-    pub check_open: &'static str,
+    /// A statement that fails on a transaction that can no longer commit
+    /// ([`messages::check_open`]); `None` where a failed statement leaves the transaction able
+    /// to commit the rest (SQLite, MySQL), so there is nothing to check.
+    pub check_open: Option<&'static str>,
     /// Marks a failed or parked message dead ([`messages::bury`]).
     pub bury: &'static str,
     /// Sets a row `processed` or `stale`, dropping its payload ([`messages::settle`]).
@@ -217,6 +219,9 @@ pub struct PurgeSql {
     /// Takes the purge lock on a connection of its own, answering 1 if taken; `None` where
     /// writers take turns anyway (SQLite).
     pub lock: Option<&'static str>,
+    /// Gives the purge lock back, before its connection closes: a server may release a closed
+    /// connection's locks only some time after it closed. `None` where there is no lock.
+    pub unlock: Option<&'static str>,
 }
 
 /// The name of the table that records which inbox migrations ran, kept apart from the

@@ -12,6 +12,8 @@
 //! - `READ COMMITTED`, pinned per transaction: under `REPEATABLE READ` the gap locks of two claims
 //!   deadlock each other;
 //! - no partial indexes: a generated column and composite indexes (see the migration);
+//! - a failed statement aborts only itself, so there is no transaction to check after a handler
+//!   (`check_open: None`);
 //! - no bulk statements for a batch (`batch: None`): without `RETURNING` a statement cannot say
 //!   which of its rows it wrote, so a batch claims its messages one at a time;
 //! - `GET_LOCK` for the purge leader, `DATE_FORMAT` and `TIMESTAMPDIFF` for times.
@@ -61,7 +63,7 @@ const SQL: Statements = Statements {
         },
         schedule_retry: "UPDATE inbox_messages SET retry_at_ms = ? \
             WHERE consumer = ? AND handler = ? AND message_id = ?",
-        check_open: "SELECT 1",
+        check_open: None,
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE(?, error_text), dead_reason = ? \
             WHERE consumer = ? AND handler = ? AND message_id = ? AND status IN ('failed', 'parked')",
         settle: "UPDATE inbox_messages \
@@ -173,6 +175,7 @@ const SQL: Statements = Statements {
         lock: Some(
             "SELECT CAST(COALESCE(GET_LOCK(CONCAT('inbox_purge.', DATABASE()), 0), 0) AS SIGNED)",
         ),
+        unlock: Some("SELECT RELEASE_LOCK(CONCAT('inbox_purge.', DATABASE()))"),
     },
     batch: None,
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \

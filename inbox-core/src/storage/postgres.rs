@@ -116,7 +116,7 @@ pub(super) const SQL: Statements = Statements {
         ),
         schedule_retry: "UPDATE inbox_messages SET retry_at_ms = $1 \
             WHERE consumer = $2 AND handler = $3 AND message_id = $4",
-        check_open: "SELECT 1",
+        check_open: Some("SELECT 1"),
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($1, error_text), dead_reason = $2 \
             WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('failed', 'parked')",
         settle: "UPDATE inbox_messages \
@@ -230,6 +230,9 @@ pub(super) const SQL: Statements = Statements {
         lock: Some(
             "SELECT (CASE WHEN pg_try_advisory_lock(1768841848, 'inbox_messages'::regclass::oid::int4) \
             THEN 1 ELSE 0 END)::int8",
+        ),
+        unlock: Some(
+            "SELECT pg_advisory_unlock(1768841848, 'inbox_messages'::regclass::oid::int4)",
         ),
     },
     // Rows are written in key order, so that two batches never wait for each other's rows in

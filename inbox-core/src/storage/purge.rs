@@ -25,13 +25,16 @@ pub struct PurgeLeader<DB: sqlx::Database> {
     lock: Option<DB::Connection>,
 }
 
-impl<DB: sqlx::Database> PurgeLeader<DB> {
-    /// Gives the right to purge back.
+impl<DB: Backend> PurgeLeader<DB> {
+    /// Gives the right to purge back: another instance can take it as soon as this returns.
     pub async fn step_down(self) -> Result<(), sqlx::Error> {
-        match self.lock {
-            Some(lock) => lock.close().await,
-            None => Ok(()),
+        let Some(mut lock) = self.lock else {
+            return Ok(());
+        };
+        if let Some(unlock) = DB::SQL.purge.unlock {
+            sql::execute::<DB>(&mut lock, unlock, &[]).await?;
         }
+        lock.close().await
     }
 }
 

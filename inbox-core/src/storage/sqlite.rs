@@ -1,6 +1,8 @@
 //! SQLite: PostgreSQL's statements (it has `ON CONFLICT`, `RETURNING` and partial indexes too),
 //! except for time arithmetic, the indexes it must be told to use (without statistics it would
-//! rather walk the primary key of the consumer), the purge's row ids, and the file it lives in.
+//! rather walk the primary key of the consumer), the purge's row ids, bulk rows read with
+//! `json_each`, no check that a transaction is still open (a failed statement aborts only
+//! itself), and the file it lives in.
 //! Transactions begin `IMMEDIATE`, taking the one write lock up front.
 
 use crate::context::{Context, DatabaseHandle};
@@ -8,10 +10,14 @@ use sqlx::migrate::Migrator;
 use sqlx::{Pool, Sqlite, Transaction};
 
 use super::postgres::{self, overdue_gaps, parked_streams, select_stored};
-use super::{Backend, BatchSql, OperatorSql, PurgeSql, Statements, StreamSql};
+use super::{Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Statements, StreamSql};
 
 /// SQLite's statements.
 const SQL: Statements = Statements {
+    messages: MessageSql {
+        check_open: None,
+        ..postgres::SQL.messages
+    },
     streams: StreamSql {
         overdue_gaps: overdue_gaps!("$1", "$2", "datetime('now', '-' || $3 || ' seconds')"),
         ..postgres::SQL.streams
@@ -64,6 +70,7 @@ const SQL: Statements = Statements {
             WHERE status IN ('processed', 'stale') AND processed_at < datetime('now', '-' || $1 || ' seconds') \
             ORDER BY processed_at LIMIT $2)",
         lock: None,
+        unlock: None,
     },
     // One writer at a time: no lock order to keep. `WHERE true` tells the upsert from a join.
     batch: Some(BatchSql {
