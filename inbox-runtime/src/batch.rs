@@ -6,10 +6,12 @@ use std::time::Duration;
 /// aggregates; one aggregate's jobs keep their order, within and across batches) are guarded in
 /// one transaction that commits once, and their deliveries are acknowledged after it.
 ///
-/// A handler's failure in a batch rolls the batch back, and each of its messages is then handled
-/// in a transaction of its own, where the failure is recorded and the others commit: one
-/// message's failure neither commits nor loses the others' work. Duplicates and stale messages
-/// in a batch cost no handler call, as always.
+/// The batch claims all its messages, reads the duplicates' rows and advances their streams in
+/// one statement each, then runs each new message's handler. A handler's failure rolls the batch
+/// back: that failure is recorded (its handler does not run again for the attempt) and the other
+/// messages go in a new batch; a statement the database refuses sends each message to a
+/// transaction of its own. So one message's failure neither commits nor loses the others' work.
+/// Duplicates and stale messages in a batch cost no handler call, as always.
 ///
 /// ```
 /// use std::time::Duration;
