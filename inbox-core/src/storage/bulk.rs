@@ -49,19 +49,13 @@ impl FromColumns for Keyed {
     }
 }
 
-/// A dedup row found by [`seen`], with its key.
+/// A dedup row found by [`seen`]: its columns as [`Seen`] reads them, then its key.
 struct SeenRow(RowKey, Seen);
 
 impl FromColumns for SeenRow {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
-        Ok(SeenRow(
-            (row.text(0)?, row.text(1)?),
-            Seen {
-                payload_hash: row.maybe_bytes(2)?.unwrap_or_default(),
-                status: sql::named(row, 3, crate::keys::MessageStatus::parse)?,
-                retry_at_ms: row.maybe_int(4)?,
-            },
-        ))
+        let seen = Seen::from_columns(row)?;
+        Ok(SeenRow((row.text(3)?, row.text(4)?), seen))
     }
 }
 
@@ -117,10 +111,8 @@ pub async fn seen<DB: Backend>(
             message_id,
         })
         .collect();
-    let document = document(&rows)?;
-    let params = [Param::Text(consumer), Param::Text(&document)];
     let sql = statements::<DB>()?.seen;
-    let found = sql::fetch_all::<DB, SeenRow>(sql::conn(tx), sql, &params).await?;
+    let found: Vec<SeenRow> = fetch_rows::<DB, _>(tx, sql, consumer, &rows).await?;
     Ok(found
         .into_iter()
         .map(|SeenRow(key, seen)| (key, seen))
@@ -155,14 +147,22 @@ async fn keys<DB: Backend>(
     consumer: &str,
     rows: &[impl Serialize],
 ) -> Result<HashSet<(String, String)>, sqlx::Error> {
-    let document = document(rows)?;
-    let params = [Param::Text(consumer), Param::Text(&document)];
-    let written = sql::fetch_all::<DB, Keyed>(sql::conn(tx), sql, &params).await?;
+    let written: Vec<Keyed> = fetch_rows::<DB, _>(tx, sql, consumer, rows).await?;
     Ok(written.into_iter().map(|Keyed(a, b)| (a, b)).collect())
 }
 
-fn document(rows: &[impl Serialize]) -> Result<String, sqlx::Error> {
-    serde_json::to_string(rows).map_err(|error| sqlx::Error::Encode(Box::new(error)))
+/// Runs a bulk statement for `consumer` over `rows`, sent as one JSON document; returns what it
+/// gives back.
+async fn fetch_rows<DB: Backend, T: FromColumns>(
+    tx: &mut Transaction<'_, DB>,
+    sql: &'static str,
+    consumer: &str,
+    rows: &[impl Serialize],
+) -> Result<Vec<T>, sqlx::Error> {
+    let document =
+        serde_json::to_string(rows).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+    let params = [Param::Text(consumer), Param::Text(&document)];
+    sql::fetch_all::<DB, T>(sql::conn(tx), sql, &params).await
 }
 
 fn hex(bytes: &[u8]) -> String {

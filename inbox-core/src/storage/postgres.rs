@@ -246,7 +246,7 @@ pub(super) const SQL: Statements = Statements {
             aggregate_id text, sequence_number int8, payload_hash text) \
             ORDER BY r.handler, r.message_id \
             ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING handler, message_id",
-        seen: "SELECT m.handler, m.message_id, m.payload_hash, m.status, m.retry_at_ms \
+        seen: "SELECT m.payload_hash, m.status, m.retry_at_ms, m.handler, m.message_id \
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text), \
             LATERAL (SELECT * FROM inbox_messages WHERE consumer = $1 AND handler = r.handler \
             AND message_id = r.message_id) m",

@@ -80,7 +80,7 @@ const SQL: Statements = Statements {
             r.value ->> 'aggregate_id', r.value ->> 'sequence_number', 'processed', \
             unhex(r.value ->> 'payload_hash'), CURRENT_TIMESTAMP FROM json_each($2) AS r WHERE true \
             ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING handler, message_id",
-        seen: "SELECT m.handler, m.message_id, m.payload_hash, m.status, m.retry_at_ms \
+        seen: "SELECT m.payload_hash, m.status, m.retry_at_ms, m.handler, m.message_id \
             FROM json_each($2) AS r CROSS JOIN inbox_messages m \
             WHERE m.consumer = $1 AND m.handler = r.value ->> 'handler' \
             AND m.message_id = r.value ->> 'message_id'",
