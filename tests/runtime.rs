@@ -295,6 +295,37 @@ macro_rules! runtime_suite {
             assert_eq!(rejected[0].payload, b"{\"id\": 1}");
             assert_eq!(rejected[0].reason, "no handler is registered for message type `order.refunded`");
         }
+
+        #[tokio::test]
+        async fn a_worker_keeps_its_connection_between_messages() {
+            let Some(pool) = ledger("kept_connection").await else { return };
+            let released = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counter = std::sync::Arc::clone(&released);
+            let counting = sqlx::pool::PoolOptions::<$db>::new()
+                .max_connections(4)
+                .after_release(move |_, _| {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    Box::pin(async { Ok(true) })
+                })
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .expect("connect a counting pool");
+            let inbox = billing(&counting, 1).await;
+            let broker = MemoryBroker::new();
+            let messages = 120;
+            for n in 0..messages {
+                broker.publish(envelope(&Credited::new(format!("e-{n}"), format!("acct-{}", n % 7), n / 7 + 1, 1)));
+            }
+            broker.close();
+            let before = released.load(std::sync::atomic::Ordering::Relaxed);
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!(report.count(Outcome::Processed), messages as u64, "{report:?}");
+            let released = released.load(std::sync::atomic::Ordering::Relaxed) - before;
+            // One per sweep, purge and the worker's connection itself; one per message without it.
+            assert!(released < 10, "{released} connections went back to the pool for {messages} messages");
+        }
     };
 }
 

@@ -23,9 +23,10 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Pool, Transaction};
+use sqlx::Transaction;
 use tracing::{Instrument, Span};
 
+use crate::connection::Connect;
 use crate::error::{Error, HandlerError};
 use crate::guard::{self, Delivery, Found, Guarded, Position, Received, Step};
 use crate::handler::Handler;
@@ -37,8 +38,8 @@ use crate::storage::messages::Claimed;
 use crate::storage::{Backend, bulk};
 
 /// An open batch: one transaction that guarded messages join until it commits.
-pub struct Batch<DB: Backend> {
-    tx: Transaction<'static, DB>,
+pub struct Batch<'c, DB: Backend> {
+    tx: Transaction<'c, DB>,
 }
 
 /// One message of a batch as its claim takes it: for which handler, and as received.
@@ -86,11 +87,11 @@ pub enum Abandoned {
     Refused,
 }
 
-impl<DB: Backend> Batch<DB> {
-    /// Begins a batch, at the isolation the guard is written for.
-    pub async fn begin(pool: &Pool<DB>) -> Result<Self, Error> {
+impl<'c, DB: Backend> Batch<'c, DB> {
+    /// Begins a batch on `connection`, at the isolation the guard is written for.
+    pub async fn begin<C: Connect<DB> + ?Sized>(connection: &'c mut C) -> Result<Self, Error> {
         Ok(Self {
-            tx: DB::begin(pool).await?,
+            tx: connection.begin().await?,
         })
     }
 
@@ -211,11 +212,11 @@ impl<DB: Backend> Batch<DB> {
     /// refuses, rolls the whole batch back.
     pub async fn guard<H: Handler<DB>>(
         self,
-        consumer: &str,
+        consumer: &'c str,
         handler: &H,
         message: H::Message,
-        received: Received<'_>,
-        retry: &RetryPolicy,
+        received: Received<'c>,
+        retry: &'c RetryPolicy,
         ticket: Ticket,
     ) -> Result<(Self, Staged), Abandoned> {
         let delivery = Delivery::new(consumer, received, retry);
@@ -272,8 +273,8 @@ pub enum InBatch {
 /// own (its handler is not run again for this attempt): [`Error::Handler`] says when the message
 /// is due again or that it is dead. Then the outcome is recorded on the message's span and in
 /// the metrics, and under strict ordering its parked successors are released.
-pub async fn conclude<DB: Backend, H: Handler<DB>>(
-    pool: &Pool<DB>,
+pub async fn conclude<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
+    connection: &mut C,
     consumer: &str,
     handler: &H,
     received: Received<'_>,
@@ -285,10 +286,10 @@ pub async fn conclude<DB: Backend, H: Handler<DB>>(
         InBatch::Staged(staged) => (staged.span, staged.guarded),
         InBatch::Failed(error) => {
             let span = guard::message_span(&delivery, handler.name(), H::Message::TYPE);
-            let recorded = guard::record_attempt_failure(pool, handler, &delivery, error);
+            let recorded = guard::record_attempt_failure(connection, handler, &delivery, error);
             (span.clone(), recorded.instrument(span).await)
         }
     };
-    let concluded = guard::conclude(pool, handler, &delivery, &span, guarded);
+    let concluded = guard::conclude(connection.pool(), handler, &delivery, &span, guarded);
     concluded.instrument(span.clone()).await
 }

@@ -15,7 +15,7 @@ static NO_HEADERS: BTreeMap<String, String> = BTreeMap::new();
 /// the connection of the open transaction, so `query.execute(&mut **ctx)` runs inside the guarded
 /// transaction.
 pub struct Context<'t, DB: Database> {
-    tx: Transaction<'static, DB>,
+    tx: Transaction<'t, DB>,
     consumer: &'t str,
     handler: &'static str,
     identity: &'t Identity,
@@ -25,7 +25,7 @@ pub struct Context<'t, DB: Database> {
 
 impl<'t, DB: Database> Context<'t, DB> {
     pub(crate) fn new(
-        tx: Transaction<'static, DB>,
+        tx: Transaction<'t, DB>,
         consumer: &'t str,
         handler: &'static str,
         identity: &'t Identity,
@@ -42,12 +42,12 @@ impl<'t, DB: Database> Context<'t, DB> {
         }
     }
 
-    pub(crate) fn into_transaction(self) -> Transaction<'static, DB> {
+    pub(crate) fn into_transaction(self) -> Transaction<'t, DB> {
         self.tx
     }
 
     /// The guarded transaction itself.
-    pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
+    pub fn transaction(&mut self) -> &mut Transaction<'t, DB> {
         &mut self.tx
     }
 
@@ -113,7 +113,7 @@ pub trait DatabaseHandle<'t, DB: crate::Backend> {
     fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self;
 }
 
-impl<'t, DB: crate::Backend> DatabaseHandle<'t, DB> for Transaction<'static, DB> {
+impl<'t, DB: crate::Backend> DatabaseHandle<'t, DB> for Transaction<'t, DB> {
     fn from_context<'c>(ctx: &'c mut Context<'t, DB>) -> &'c mut Self {
         &mut ctx.tx
     }

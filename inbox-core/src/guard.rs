@@ -12,6 +12,7 @@ use tracing::{Instrument, Span};
 use sha2::{Digest, Sha256};
 use sqlx::{Pool, Transaction};
 
+use crate::connection::Connect;
 use crate::context::Context;
 use crate::error::{Error, HandlerError};
 use crate::handler::Handler;
@@ -63,8 +64,8 @@ pub struct Received<'a> {
 /// 4. commit.
 ///
 /// Then, under strict ordering, release the parked successors that can now apply, in order.
-pub async fn process<DB: Backend, H: Handler<DB>>(
-    pool: &Pool<DB>,
+pub async fn process<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
+    connection: &mut C,
     consumer: &str,
     handler: &H,
     message: H::Message,
@@ -73,10 +74,10 @@ pub async fn process<DB: Backend, H: Handler<DB>>(
 ) -> Result<Guarded, Error> {
     let delivery = Delivery::new(consumer, received, retry);
     let span = message_span(&delivery, handler.name(), H::Message::TYPE);
-    let guarded = guard(pool, handler, message, &delivery)
+    let guarded = guard(connection, handler, message, &delivery)
         .instrument(span.clone())
         .await;
-    conclude(pool, handler, &delivery, &span, guarded).await
+    conclude(connection.pool(), handler, &delivery, &span, guarded).await
 }
 
 /// After the commit: records the outcome on the message's span and in the metrics, and under
@@ -143,8 +144,8 @@ impl<'a> Delivery<'a> {
 
 /// Guards one message in a transaction of its own: commits what the attempt kept, rolls back
 /// what it only read, and records a failure after rolling it back.
-async fn guard<DB: Backend, H: Handler<DB>>(
-    pool: &Pool<DB>,
+async fn guard<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
+    connection: &mut C,
     handler: &H,
     message: H::Message,
     delivery: &Delivery<'_>,
@@ -152,24 +153,25 @@ async fn guard<DB: Backend, H: Handler<DB>>(
     delivery.identity.check_ordering(handler.ordering())?;
     let payload_hash = content_hash(delivery.payload);
     let claim = claim_of(handler, delivery, &payload_hash);
-    let tx = DB::begin(pool).await?;
-    match attempt(tx, handler, message, delivery, &claim, Found::default()).await? {
+    let tx = connection.begin().await?;
+    let failed = match attempt(tx, handler, message, delivery, &claim, Found::default()).await? {
         Step::Keep(tx, outcome) => {
             tx.commit().await?;
-            Ok(outcome)
+            return Ok(outcome);
         }
         Step::Undo(tx, seen) => {
             tx.rollback().await?;
-            seen
+            return seen;
         }
-        Step::Failed(error) => record_attempt_failure(pool, handler, delivery, error).await,
-    }
+        Step::Failed(error) => error,
+    };
+    record_attempt_failure(connection, handler, delivery, failed).await
 }
 
 /// Records that an attempt at a message failed with `error` (its transaction rolled back): see
 /// [`record_failure`].
-pub(crate) async fn record_attempt_failure<DB: Backend, H: Handler<DB>>(
-    pool: &Pool<DB>,
+pub(crate) async fn record_attempt_failure<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
+    connection: &mut C,
     handler: &H,
     delivery: &Delivery<'_>,
     error: HandlerError,
@@ -182,7 +184,7 @@ pub(crate) async fn record_attempt_failure<DB: Backend, H: Handler<DB>>(
         error: &error.to_string(),
     };
     let retry = delivery.retry;
-    record_failure(pool, handler.name(), &claim, &failure, error, retry).await
+    record_failure(connection, handler.name(), &claim, &failure, error, retry).await
 }
 
 /// The dedup row a delivery claims for `handler`.
@@ -224,11 +226,11 @@ pub(crate) struct Found {
 }
 
 /// What one attempt at a message left in its transaction.
-pub(crate) enum Step<DB: Backend> {
+pub(crate) enum Step<'c, DB: Backend> {
     /// Its writes are done: commit them, with this outcome.
-    Keep(Transaction<'static, DB>, Outcome),
+    Keep(Transaction<'c, DB>, Outcome),
     /// It was seen before and nothing was written: this is what it is.
-    Undo(Transaction<'static, DB>, Result<Outcome, Error>),
+    Undo(Transaction<'c, DB>, Result<Outcome, Error>),
     /// The handler failed, and the transaction is rolled back: record the failure.
     Failed(HandlerError),
 }
@@ -237,14 +239,14 @@ pub(crate) enum Step<DB: Backend> {
 /// algorithm, the same whether the transaction is the message's own or a batch's. What a batch
 /// already found (`found`: how the message is claimed, its place in its stream) is not looked up
 /// again. A database error drops (rolls back) the transaction.
-pub(crate) async fn attempt<DB: Backend, H: Handler<DB>>(
-    mut tx: Transaction<'static, DB>,
+pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
+    mut tx: Transaction<'c, DB>,
     handler: &H,
     message: H::Message,
-    delivery: &Delivery<'_>,
+    delivery: &Delivery<'c>,
     claim: &Claim<'_>,
     found: Found,
-) -> Result<Step<DB>, Error> {
+) -> Result<Step<'c, DB>, Error> {
     let claimed = match found.claimed {
         Some(claimed) => claimed,
         None => messages::claim(&mut tx, claim).await?,
@@ -389,8 +391,8 @@ fn headers_json(headers: Option<&Headers>) -> String {
 /// that it is dead. If the row was settled meanwhile, or holds another content of the same id,
 /// that is the outcome instead. If the failure cannot be recorded, the database error is returned,
 /// so that the delivery is not acknowledged.
-async fn record_failure<DB: Backend>(
-    pool: &Pool<DB>,
+async fn record_failure<DB: Backend, C: Connect<DB> + ?Sized>(
+    connection: &mut C,
     handler: &'static str,
     claim: &Claim<'_>,
     failure: &Failure<'_>,
@@ -399,7 +401,7 @@ async fn record_failure<DB: Backend>(
 ) -> Result<Outcome, Error> {
     let key = claim.key();
     let recorded = async {
-        let mut tx = DB::begin(pool).await?;
+        let mut tx = connection.begin().await?;
         let Some(failed) = messages::record_failure(&mut tx, claim, failure).await? else {
             let seen = messages::seen(&mut tx, &key).await?;
             tx.rollback().await?;
@@ -462,7 +464,7 @@ pub(crate) enum Position {
 
 /// Takes the aggregate's stream lock and applies the sequence guard.
 async fn position<DB: Backend>(
-    tx: &mut Transaction<'static, DB>,
+    tx: &mut Transaction<'_, DB>,
     claim: &Claim<'_>,
     ordering: Ordering,
 ) -> Result<Position, Error> {
@@ -504,12 +506,12 @@ struct Attempt<'a> {
 /// Runs the handler inside `tx`. An error, a panic, running past the attempt's timeout, or
 /// leaving the transaction aborted (a failed statement the handler went on from) rolls back and
 /// returns the error.
-async fn run_handler<DB: Backend, H: Handler<DB>>(
-    tx: Transaction<'static, DB>,
+async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
+    tx: Transaction<'c, DB>,
     handler: &H,
-    attempt: &Attempt<'_>,
+    attempt: &Attempt<'c>,
     message: H::Message,
-) -> Result<Transaction<'static, DB>, HandlerError> {
+) -> Result<Transaction<'c, DB>, HandlerError> {
     let (identity, headers) = (attempt.identity, attempt.headers);
     let mut ctx = Context::new(
         tx,
@@ -730,9 +732,16 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
                 headers: &headers_json(Some(&headers)),
                 error: &error.to_string(),
             };
-            record_failure(pool, handler.name(), &claim, &failure, error, retry)
-                .await
-                .map(Some)
+            record_failure(
+                &mut pool.clone(),
+                handler.name(),
+                &claim,
+                &failure,
+                error,
+                retry,
+            )
+            .await
+            .map(Some)
         }
     }
 }
@@ -978,7 +987,8 @@ async fn rerun<DB: Backend, H: Handler<DB>>(
         identity: &identity,
         headers: Some(&headers),
     };
-    let guarded = process(pool, consumer, handler, message, received, retry);
+    let mut pool = pool.clone();
+    let guarded = process(&mut pool, consumer, handler, message, received, retry);
     Ok(guarded.await?.outcome)
 }
 

@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+mod connection;
 mod context;
 mod envelope;
 mod error;
@@ -20,6 +21,7 @@ mod status;
 pub mod storage;
 mod text;
 
+pub use connection::{Connect, KeptConnection};
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
 pub use error::{Error, HandlerError};

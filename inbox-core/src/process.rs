@@ -42,7 +42,9 @@ impl<DB: Backend, H: Handler<DB>> Process<DB> for H {
                 headers: None,
             };
             let retry = RetryPolicy::default();
-            let guarded = process(pool, DEFAULT_CONSUMER, self, message, received, &retry).await?;
+            let mut pool = pool.clone();
+            let guarded =
+                process(&mut pool, DEFAULT_CONSUMER, self, message, received, &retry).await?;
             Ok(guarded.outcome)
         })
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use inbox_core::storage::operators;
 use inbox_core::{
-    Backend, DeadLetterFilter, Envelope, Error, ExpiredGap, MessageKey, MessageStatus, Outcome,
-    PurgeReport, RejectedDelivery, Resolution, Retention, StoredMessage,
+    Backend, Connect, DeadLetterFilter, Envelope, Error, ExpiredGap, KeptConnection, MessageKey,
+    MessageStatus, Outcome, PurgeReport, RejectedDelivery, Resolution, Retention, StoredMessage,
 };
 use sqlx::Pool;
 
@@ -148,8 +148,9 @@ impl<DB: Backend> Inbox<DB> {
     /// handlers while the others report [`Outcome::Duplicate`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
         let mut results = Vec::new();
+        let mut connection = self.shared.pool.clone();
         for job in self.shared.prepare(envelope)? {
-            results.push(self.shared.execute(job, envelope).await);
+            results.push(self.shared.execute(&mut connection, job, envelope).await);
         }
         if results
             .iter()
@@ -490,32 +491,46 @@ impl<DB: Backend> Shared<DB> {
         self.registry.prepare(envelope)
     }
 
+    /// Where a worker begins its transactions: on a connection it keeps, where the pool has room
+    /// for one per worker and one more (for the sweeps, the purge and strict releases, which take
+    /// theirs from the pool); else on a connection from the pool each time.
+    pub(crate) fn worker_connection(&self) -> Box<dyn Connect<DB>> {
+        let connections = self.pool.options().get_max_connections();
+        match usize::try_from(connections).is_ok_and(|n| n > self.workers) {
+            true => Box::new(KeptConnection::new(self.pool.clone())),
+            false => Box::new(self.pool.clone()),
+        }
+    }
+
     /// Runs `jobs` (each with its delivery's envelope) in one transaction and returns each job's
     /// result. When a handler fails, that failure is recorded and the others go in a new batch;
     /// when the database refuses the batch, each job goes in a transaction of its own.
     pub(crate) async fn execute_batch(
         &self,
+        connection: &mut dyn Connect<DB>,
         jobs: Vec<JobOf<'_, DB>>,
     ) -> Vec<Result<Handled, Error>> {
         let mut results: Vec<Option<Result<Handled, Error>>> = jobs.iter().map(|_| None).collect();
         let mut left: Vec<_> = jobs.into_iter().enumerate().collect();
         while left.len() > 1 {
-            match self.stage(&mut left).await {
+            match self.stage(connection, &mut left).await {
                 Ok(staged) => {
                     for ((index, job), staged) in left.into_iter().zip(staged) {
-                        results[index] = Some(self.conclude(job, InBatch::Staged(staged)).await);
+                        let concluded = self.conclude(connection, job, InBatch::Staged(staged));
+                        results[index] = Some(concluded.await);
                     }
                     return results.into_iter().flatten().collect();
                 }
                 Err((at, Abandoned::Failed(error))) => {
                     let (index, job) = left.remove(at);
-                    results[index] = Some(self.conclude(job, InBatch::Failed(error)).await);
+                    let concluded = self.conclude(connection, job, InBatch::Failed(error));
+                    results[index] = Some(concluded.await);
                 }
                 Err((_, Abandoned::Refused)) => break,
             }
         }
         for (index, (job, envelope)) in left {
-            results[index] = Some(self.execute(job, envelope).await);
+            results[index] = Some(self.execute(connection, job, envelope).await);
         }
         results.into_iter().flatten().collect()
     }
@@ -523,20 +538,22 @@ impl<DB: Backend> Shared<DB> {
     /// What a job came to once its batch ended.
     async fn conclude(
         &self,
+        connection: &mut dyn Connect<DB>,
         (job, envelope): JobOf<'_, DB>,
         in_batch: InBatch,
     ) -> Result<Handled, Error> {
         let retry = self.retry.of(job.handler());
-        job.conclude(&self.pool, &self.consumer, envelope, retry, in_batch)
+        job.conclude(connection, &self.consumer, envelope, retry, in_batch)
             .await
     }
 
     /// Guards every job in one batch and commits it; or says at which job it was abandoned.
     async fn stage(
         &self,
+        connection: &mut dyn Connect<DB>,
         jobs: &mut [(usize, JobOf<'_, DB>)],
     ) -> Result<Vec<Staged>, (usize, Abandoned)> {
-        let begun = inbox_core::batch::Batch::begin(&self.pool).await;
+        let begun = inbox_core::batch::Batch::begin(connection).await;
         let mut batch = begun.map_err(|_| (0, Abandoned::Refused))?;
         let entries: Vec<_> = jobs.iter().map(|(_, (job, env))| job.entry(env)).collect();
         let claimed = batch.claim(&self.consumer, &entries).await;
@@ -560,10 +577,11 @@ impl<DB: Backend> Shared<DB> {
     /// Runs one handler's job, guarded, with that handler's retry policy.
     pub(crate) async fn execute(
         &self,
+        connection: &mut dyn Connect<DB>,
         job: Box<dyn Job<DB>>,
         envelope: &Envelope,
     ) -> Result<Handled, Error> {
         let retry = self.retry.of(job.handler());
-        job.run(&self.pool, &self.consumer, envelope, retry).await
+        job.run(connection, &self.consumer, envelope, retry).await
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use inbox_core::batch::{Abandoned, Batch, Entry, InBatch, Staged, Ticket};
 use inbox_core::{
-    Backend, Envelope, Error, Guarded, Handler, Identity, Ordering, Outcome, Received, RetryPolicy,
+    Backend, Connect, Envelope, Error, Guarded, Handler, Identity, Ordering, Outcome, Received,
+    RetryPolicy,
 };
 use sqlx::Pool;
 
@@ -69,7 +70,7 @@ pub(crate) trait Job<DB: Backend>: Send {
     /// Guards the message in a transaction of its own.
     fn run<'a>(
         self: Box<Self>,
-        pool: &'a Pool<DB>,
+        connection: &'a mut dyn Connect<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
@@ -79,16 +80,16 @@ pub(crate) trait Job<DB: Backend>: Send {
     /// Guards the message inside `batch`, which it hands on, from what the batch's claim found.
     fn stage<'a>(
         &'a mut self,
-        batch: Batch<DB>,
+        batch: Batch<'a, DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
         ticket: Ticket,
-    ) -> BoxFuture<'a, Result<(Batch<DB>, Staged), Abandoned>>;
+    ) -> BoxFuture<'a, Result<(Batch<'a, DB>, Staged), Abandoned>>;
     /// What the message came to, once its batch ended.
     fn conclude<'a>(
         self: Box<Self>,
-        pool: &'a Pool<DB>,
+        connection: &'a mut dyn Connect<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
@@ -216,7 +217,7 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
 
     fn run<'a>(
         mut self: Box<Self>,
-        pool: &'a Pool<DB>,
+        connection: &'a mut dyn Connect<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
@@ -225,7 +226,8 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
             let message = self.message(envelope)?;
             let (handler, received) = (&*self.handler, self.received(envelope));
             let guarded =
-                inbox_core::process(pool, consumer, handler, message, received, retry).await?;
+                inbox_core::process(connection, consumer, handler, message, received, retry)
+                    .await?;
             Ok(self.handled(guarded))
         })
     }
@@ -236,12 +238,12 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
 
     fn stage<'a>(
         &'a mut self,
-        batch: Batch<DB>,
+        batch: Batch<'a, DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
         ticket: Ticket,
-    ) -> BoxFuture<'a, Result<(Batch<DB>, Staged), Abandoned>> {
+    ) -> BoxFuture<'a, Result<(Batch<'a, DB>, Staged), Abandoned>> {
         Box::pin(async move {
             let message = self.message(envelope).map_err(|_| Abandoned::Refused)?;
             let (handler, received) = (&*self.handler, self.received(envelope));
@@ -253,7 +255,7 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
 
     fn conclude<'a>(
         self: Box<Self>,
-        pool: &'a Pool<DB>,
+        connection: &'a mut dyn Connect<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
         retry: &'a RetryPolicy,
@@ -261,8 +263,9 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
             let (handler, received) = (&*self.handler, self.received(envelope));
-            let concluded =
-                inbox_core::batch::conclude(pool, consumer, handler, received, retry, in_batch);
+            let concluded = inbox_core::batch::conclude(
+                connection, consumer, handler, received, retry, in_batch,
+            );
             Ok(self.handled(concluded.await?))
         })
     }

@@ -361,6 +361,7 @@ async fn handle_all<DB: Backend>(
         }
     }
     let _gone = Gone(&scheduler);
+    let mut connection = shared.worker_connection();
     let mut report = RunReport::default();
     let (size, linger) = (shared.batch.size(), shared.batch.lingers());
     loop {
@@ -372,7 +373,9 @@ async fn handle_all<DB: Backend>(
         let (jobs, pending): (Vec<_>, Vec<_>) =
             work.into_iter().map(|w| (w.job, w.pending)).unzip();
         let with_envelopes = jobs.into_iter().zip(pending.iter().map(|p| &p.envelope));
-        let results = shared.execute_batch(with_envelopes.collect()).await;
+        let results = shared
+            .execute_batch(&mut *connection, with_envelopes.collect())
+            .await;
         drop(busy);
         for (result, pending) in results.into_iter().zip(pending) {
             if let Some((results, acker)) = pending.finish(result) {

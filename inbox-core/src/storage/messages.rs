@@ -109,10 +109,10 @@ async fn try_claim<DB: Backend>(
     claim: &Claim<'_>,
 ) -> Result<Option<Claimed>, sqlx::Error> {
     let sql = DB::SQL.messages;
-    if insert_unless_there::<DB>(sql::conn(tx), sql.claim, &claim_params(claim)).await? {
+    let Some(found) = claim_or_seen(tx, claim).await? else {
         return Ok(Some(Claimed::New));
-    }
-    let Some(found) = seen(tx, &claim.key()).await? else {
+    };
+    let Some(found) = found else {
         return Ok(None);
     };
     if !found.retry_due_for(claim) {
@@ -131,6 +131,40 @@ async fn try_claim<DB: Backend>(
             attempt: failed + 1,
         })),
         None => Ok(seen(tx, &claim.key()).await?.map(Claimed::Seen)),
+    }
+}
+
+/// Inserts the claim's row (`None`), or reads the row already there: `Some(None)` for one that
+/// is there but not visible yet (committed after the statement began).
+async fn claim_or_seen<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+) -> Result<Option<Option<Seen>>, sqlx::Error> {
+    let sql = DB::SQL.messages;
+    let params = claim_params(claim);
+    if let Some(statement) = sql.claim_or_seen {
+        let row = sql::fetch_optional::<DB, ClaimedRow>(sql::conn(tx), statement, &params).await?;
+        return Ok(match row {
+            Some(ClaimedRow(found)) => found.map(Some),
+            None => Some(None),
+        });
+    }
+    if insert_unless_there::<DB>(sql::conn(tx), sql.claim, &params).await? {
+        return Ok(None);
+    }
+    Ok(Some(seen(tx, &claim.key()).await?))
+}
+
+/// A row of [`MessageSql::claim_or_seen`](super::MessageSql::claim_or_seen): the row already
+/// there, or `None` (a status of `NULL`) for the one it inserted.
+struct ClaimedRow(Option<Seen>);
+
+impl FromColumns for ClaimedRow {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        match row.maybe_text(1)? {
+            None => Ok(ClaimedRow(None)),
+            Some(_) => Seen::from_columns(row).map(Some).map(ClaimedRow),
+        }
     }
 }
 

@@ -16,7 +16,7 @@
 use std::future::Future;
 
 use sqlx::migrate::{Migrate, Migrator};
-use sqlx::{Database, IntoArguments, Pool, Transaction};
+use sqlx::{Connection, Database, IntoArguments, Pool, Transaction};
 
 pub mod bulk;
 pub mod messages;
@@ -52,12 +52,24 @@ pub trait Backend:
     /// The database's statements.
     const SQL: Statements;
 
-    /// Begins the transaction that guards one message, at the isolation the guard is written for
-    /// (PostgreSQL, MySQL: `READ COMMITTED`; SQLite: `BEGIN IMMEDIATE`, so the write lock is taken
-    /// up front instead of failing on upgrade).
+    /// The statement that begins the transaction guarding one message, at the isolation the
+    /// guard is written for (PostgreSQL, MySQL: `READ COMMITTED`; SQLite: `BEGIN IMMEDIATE`, so
+    /// the write lock is taken up front instead of failing on upgrade).
+    const BEGIN: &'static str;
+
+    /// Begins a guarded transaction on a connection of its own from `pool`.
     fn begin(
         pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send {
+        pool.begin_with(Self::BEGIN)
+    }
+
+    /// Begins a guarded transaction on `connection`, which stays the caller's once it ends.
+    fn begin_on(
+        connection: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send {
+        connection.begin_with(Self::BEGIN)
+    }
 
     /// How many rows a statement wrote or matched.
     fn rows_affected(result: &Self::QueryResult) -> u64;
@@ -109,6 +121,12 @@ pub struct MessageSql {
     /// Inserts a `processed` row; a row already there is left alone (no row written, or a
     /// unique violation, which the caller takes as the same answer) ([`messages::claim`]).
     pub claim: &'static str,
+    /// Claims as [`MessageSql::claim`] and reads the row already there as [`MessageSql::seen`], in
+    /// one statement ([`messages::claim`]): one row of `NULL`s when it inserted, the row there
+    /// otherwise, and no row for one the statement could not see (committed after it began: claim
+    /// again). `None` where the database cannot write and read in one statement (SQLite, whose
+    /// statements cost no round trip, and MySQL).
+    pub claim_or_seen: Option<&'static str>,
     /// Takes a due `failed` row of the same content for its next attempt; gives its attempt count ([`messages::claim`]).
     pub retry_claim: Returning,
     /// Reads a dedup row's hash, status and retry time ([`messages::seen`]).

@@ -19,8 +19,8 @@
 //! - `GET_LOCK` for the purge leader, `DATE_FORMAT` and `TIMESTAMPDIFF` for times.
 
 use crate::context::{Context, DatabaseHandle};
+use sqlx::MySql;
 use sqlx::migrate::Migrator;
-use sqlx::{MySql, Pool, Transaction};
 
 use super::postgres::{overdue_gaps, parked_streams, releasable, select_stored};
 use super::{Backend, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql};
@@ -40,6 +40,7 @@ const SQL: Statements = Statements {
         claim: "INSERT INTO inbox_messages \
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
             VALUES (?, ?, ?, ?, ?, ?, 'processed', ?, CURRENT_TIMESTAMP(6))",
+        claim_or_seen: None,
         retry_claim: Returning::ThenRead {
             write: "UPDATE inbox_messages \
                 SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP(6) \
@@ -193,10 +194,7 @@ impl Backend for MySql {
     const DEFAULT_WORKERS: usize = 4;
     const SQL: Statements = SQL;
 
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
-            .await
-    }
+    const BEGIN: &'static str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()

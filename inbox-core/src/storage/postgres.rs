@@ -3,8 +3,8 @@
 //! `sqlite.rs`, which names only what it says differently).
 
 use crate::context::{Context, DatabaseHandle};
+use sqlx::Postgres;
 use sqlx::migrate::Migrator;
-use sqlx::{Pool, Postgres, Transaction};
 
 use super::{
     Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql,
@@ -94,6 +94,15 @@ pub(super) const SQL: Statements = Statements {
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
             VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
             ON CONFLICT (consumer, handler, message_id) DO NOTHING",
+        claim_or_seen: Some(
+            "WITH claimed AS (INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+            VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
+            ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING 1) \
+            SELECT NULL::bytea, NULL::text, NULL::bigint FROM claimed \
+            UNION ALL SELECT payload_hash, status, retry_at_ms FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND NOT EXISTS (SELECT 1 FROM claimed)",
+        ),
         retry_claim: Returning::Inline(
             "UPDATE inbox_messages \
             SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
@@ -273,10 +282,7 @@ impl Backend for Postgres {
     const DEFAULT_WORKERS: usize = 4;
     const SQL: Statements = SQL;
 
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-    }
+    const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()

@@ -6,8 +6,8 @@
 //! Transactions begin `IMMEDIATE`, taking the one write lock up front.
 
 use crate::context::{Context, DatabaseHandle};
+use sqlx::Sqlite;
 use sqlx::migrate::Migrator;
-use sqlx::{Pool, Sqlite, Transaction};
 
 use super::postgres::{self, overdue_gaps, parked_streams, select_stored};
 use super::{Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Statements, StreamSql};
@@ -16,6 +16,7 @@ use super::{Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Statements, St
 const SQL: Statements = Statements {
     messages: MessageSql {
         check_open: None,
+        claim_or_seen: None,
         ..postgres::SQL.messages
     },
     streams: StreamSql {
@@ -105,9 +106,7 @@ impl Backend for Sqlite {
     const DEFAULT_WORKERS: usize = 1;
     const SQL: Statements = SQL;
 
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    }
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()

@@ -1,0 +1,131 @@
+//! Where guarded transactions get their connections: from the pool, one each, or from one
+//! connection kept between them.
+
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use sqlx::pool::PoolConnection;
+use sqlx::{Pool, Transaction};
+
+use crate::storage::Backend;
+
+/// Where the guard gets the connection of each transaction it begins.
+///
+/// A [`Pool`] lends one per transaction: the pool checks it on the way out and on the way back
+/// (sqlx pings it), two round trips more per transaction. A [`KeptConnection`] keeps one between
+/// transactions, for a caller that begins many in a row.
+pub trait Connect<DB: Backend>: Send {
+    /// The pool, for what runs apart from the guarded transactions (releasing parked successors).
+    fn pool(&self) -> &Pool<DB>;
+
+    /// Begins a guarded transaction.
+    fn begin(&mut self) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>>;
+}
+
+impl<DB: Backend> Connect<DB> for Pool<DB> {
+    fn pool(&self) -> &Pool<DB> {
+        self
+    }
+
+    fn begin(&mut self) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>> {
+        Box::pin(async move {
+            let tx: Transaction<'_, DB> = DB::begin(self).await?;
+            Ok(tx)
+        })
+    }
+}
+
+/// One connection from a pool, kept between the guarded transactions begun on it, so that they
+/// cost no pool checks. It is taken from the pool at the first transaction and given back (for
+/// the pool to check it, and to apply its own lifetime rules) when it has been kept for
+/// [`KEPT_FOR`] or idle for [`KEPT_IDLE`]; a connection on which a transaction cannot begin (the
+/// database restarted, the connection was cut) is given up, and the next transaction takes a new
+/// one. Once the pool is closed, no transaction begins, as with the pool itself.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), sqlx::Error> {
+/// use inbox_core::{Connect, KeptConnection};
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let mut connection = KeptConnection::new(pool);
+/// // A temporary table lives as long as its connection: the second transaction sees it.
+/// let mut tx = connection.begin().await?;
+/// sqlx::query("CREATE TEMP TABLE seen (n INTEGER)").execute(&mut *tx).await?;
+/// tx.commit().await?;
+/// let mut tx = connection.begin().await?;
+/// sqlx::query("SELECT n FROM seen").fetch_all(&mut *tx).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub struct KeptConnection<DB: Backend> {
+    pool: Pool<DB>,
+    connection: Option<Kept<DB>>,
+    broken: bool,
+}
+
+/// How long a [`KeptConnection`] keeps one connection before it gives it back to the pool.
+pub const KEPT_FOR: Duration = Duration::from_secs(60);
+
+/// How long a [`KeptConnection`] keeps a connection no transaction began on.
+pub const KEPT_IDLE: Duration = Duration::from_secs(10);
+
+/// A connection taken from the pool, and since when.
+struct Kept<DB: Backend> {
+    connection: PoolConnection<DB>,
+    taken: Instant,
+    used: Instant,
+}
+
+impl<DB: Backend> Kept<DB> {
+    fn keeps(&self) -> bool {
+        self.taken.elapsed() < KEPT_FOR && self.used.elapsed() < KEPT_IDLE
+    }
+}
+
+impl<DB: Backend> KeptConnection<DB> {
+    /// A connection of `pool`, taken when the first transaction begins.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self {
+            pool,
+            connection: None,
+            broken: false,
+        }
+    }
+}
+
+impl<DB: Backend> Connect<DB> for KeptConnection<DB> {
+    fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    fn begin(&mut self) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>> {
+        Box::pin(async move {
+            let Self {
+                pool,
+                connection,
+                broken,
+            } = self;
+            if pool.is_closed() {
+                *connection = None;
+                return Err(sqlx::Error::PoolClosed);
+            }
+            let kept = match connection.take() {
+                Some(kept) if kept.keeps() && !*broken => kept,
+                _ => {
+                    let now = Instant::now();
+                    Kept {
+                        connection: pool.acquire().await?,
+                        taken: now,
+                        used: now,
+                    }
+                }
+            };
+            let kept = connection.insert(kept);
+            kept.used = Instant::now();
+            let begun = DB::begin_on(&mut kept.connection).await;
+            *broken = begun.is_err();
+            begun
+        })
+    }
+}
