@@ -99,6 +99,10 @@ pub enum Error {
     /// No handler is registered for the envelope's type tag.
     #[error("no handler is registered for message type `{0}`")]
     UnknownMessageType(String),
+
+    /// The source could not read the delivery as a message (it has no type tag, say).
+    #[error("the delivery is not a message the inbox can read: {0}")]
+    Unreadable(String),
 }
 
 impl Error {

@@ -6,6 +6,7 @@
 mod batch;
 mod builder;
 mod inbox;
+mod keep_alive;
 mod registry;
 mod route;
 mod schedule;
@@ -17,4 +18,10 @@ pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SWEEP_INTERVAL, InboxBuilde
 pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
 pub use registry::BuildError;
 pub use route::Handled;
-pub use source::{Acknowledge, Delivery, MemoryBroker, MemorySource, Source, SourceError};
+#[cfg(feature = "amqp")]
+pub use source::amqp;
+#[cfg(feature = "nats")]
+pub use source::nats;
+pub use source::{
+    Acknowledge, Delivery, HeaderNames, MemoryBroker, MemorySource, Publish, Source, SourceError,
+};

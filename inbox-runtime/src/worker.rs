@@ -8,14 +8,16 @@
 //! whatever field the others partition by.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use inbox_core::{Backend, Envelope, Error, Outcome};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
+use crate::keep_alive::{Held, Keeper};
 use crate::route::{Handled, Job};
 use crate::schedule::{Scheduler, Serial};
 use crate::source::{Acknowledge, Delivery, Source, SourceError};
@@ -78,13 +80,31 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     let workers: Vec<_> = (0..shared.workers)
         .map(|_| tokio::spawn(handle_all(Arc::clone(&shared), Arc::clone(&scheduler))))
         .collect();
-    let routed = route(&shared, &mut source, &scheduler, shutdown, &mut report).await;
+    let keeper = source.keep_alive().map(|period| {
+        let keeper = Arc::new(Keeper::default());
+        (Arc::clone(&keeper), Arc::clone(&keeper).spawn(period))
+    });
+    let holding = keeper.as_ref().map(|(keeper, _)| &**keeper);
+    let routed = route(
+        &shared,
+        &mut source,
+        &scheduler,
+        holding,
+        shutdown,
+        &mut report,
+    )
+    .await;
+    source.drain().await;
     scheduler.close();
     for worker in workers {
         match worker.await {
             Ok(done) => report.merge(done),
             Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
+    }
+    if let Some((_, (stop_keeping, keeping))) = keeper {
+        drop(stop_keeping);
+        let _ = keeping.await;
     }
     drop((stop_sweeping, stop_purging));
     match sweeper.await {
@@ -188,6 +208,7 @@ async fn route<DB: Backend, S: Source>(
     shared: &Shared<DB>,
     source: &mut S,
     scheduler: &Scheduler<Work<DB>>,
+    keeper: Option<&Keeper>,
     shutdown: impl Future<Output = ()>,
     report: &mut RunReport,
 ) -> Result<(), RunError> {
@@ -215,6 +236,11 @@ async fn route<DB: Backend, S: Source>(
             }
         };
         source_errors = 0;
+        if let Some(reason) = delivery.unreadable_reason() {
+            let error = Error::Unreadable(reason.to_owned());
+            reject(shared, delivery, error, report).await;
+            continue;
+        }
         let jobs = match shared.prepare(delivery.envelope()) {
             Ok(jobs) => jobs,
             Err(error) => {
@@ -235,6 +261,10 @@ async fn route<DB: Backend, S: Source>(
         let Ok(room) = room else { return Ok(()) };
         in_flight(&shared.consumer).increment(1.0);
         let pending = Arc::new(Pending::new(delivery, jobs.len(), room));
+        if let Some(keeper) = keeper {
+            let held: Weak<dyn Held> = Arc::downgrade(&pending) as Weak<Pending>;
+            keeper.hold(held);
+        }
         for job in jobs {
             let serial = match job.aggregate() {
                 Some(aggregate) => Serial::Aggregate(aggregate.to_owned()),
@@ -276,20 +306,20 @@ async fn reject<DB: Backend>(
 ) {
     let (envelope, attempt, acker) = delivery.into_parts();
     let kept = keep_rejected(shared, &envelope, &error, report).await;
-    if let Err(error) = ack_if_kept(kept, acker, attempt).await {
+    if let Err(error) = terminate_if_kept(kept, acker, attempt).await {
         tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
     }
 }
 
-/// Acknowledges a delivery once it is kept as rejected; one that could not be kept is handed back
+/// Terminates a delivery once it is kept as rejected; one that could not be kept is handed back
 /// after a delay that grows with its `attempt`.
-async fn ack_if_kept(
+async fn terminate_if_kept(
     kept: Result<(), sqlx::Error>,
     acker: Box<dyn Acknowledge>,
     attempt: u32,
 ) -> Result<(), SourceError> {
     match kept {
-        Ok(()) => acker.ack().await,
+        Ok(()) => acker.terminate().await,
         Err(database) => {
             tracing::error!(%database, "could not keep a rejected delivery; handing it back");
             acker.nack(growing_delay(attempt)).await
@@ -386,6 +416,13 @@ async fn handle_all<DB: Backend>(
     report
 }
 
+impl Held for Pending {
+    fn in_progress(&self) -> Option<BoxFuture<'static, Result<(), SourceError>>> {
+        let settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
+        settling.acker.as_ref().map(|acker| acker.in_progress())
+    }
+}
+
 impl Pending {
     fn new(delivery: Delivery, jobs: usize, room: OwnedSemaphorePermit) -> Self {
         let (envelope, attempt, acker) = delivery.into_parts();
@@ -434,6 +471,10 @@ async fn settle_delivery<DB: Backend>(
             report.acked += 1;
             acker.ack().await
         }
+        Settlement::Terminate => {
+            report.acked += 1;
+            acker.terminate().await
+        }
         Settlement::Retry(delay) => {
             report.failed += 1;
             acker.nack(delay).await
@@ -441,7 +482,7 @@ async fn settle_delivery<DB: Backend>(
         Settlement::Reject(reason) => {
             let kept = store_rejected(shared, &pending.envelope, &reason, report).await;
             report.failed += u64::from(kept.is_err());
-            ack_if_kept(kept, acker, pending.attempt).await
+            terminate_if_kept(kept, acker, pending.attempt).await
         }
     };
     in_flight(&shared.consumer).decrement(1.0);
@@ -458,9 +499,12 @@ fn in_flight(consumer: &str) -> metrics::Gauge {
 /// What to tell the broker about a delivery.
 #[derive(Debug)]
 enum Settlement {
-    /// Every handler is done with it: processed (or skipped), dead and kept, or failed with the
-    /// retry owned by the store.
+    /// Every handler is done with it: processed (or skipped), or failed with the retry owned by
+    /// the store.
     Ack,
+    /// Every handler is done with it, and for one of them it is dead and kept: the broker must not
+    /// deliver it again.
+    Terminate,
     /// Deliver it again after this delay.
     Retry(Duration),
     /// It cannot be handled, for this reason: keep it as rejected, then acknowledge it.
@@ -469,7 +513,7 @@ enum Settlement {
 
 /// Counts the outcomes of one delivery's handlers and decides its settlement, for the
 /// `attempt`-th delivery:
-/// - acknowledged when each handler's result is durable: committed, or dead;
+/// - acknowledged when each handler's result is durable: committed, or dead (then terminated);
 /// - handed back after the retry delay when a handler failed and its retry is recorded (the
 ///   policy's attempt limit bounds these), or after the time left when it came before its retry
 ///   was due (acknowledged after [`NOT_DUE_HANDBACKS`] deliveries: the store retries it);
@@ -478,6 +522,7 @@ enum Settlement {
 ///   and kept as rejected after [`UNHANDLED_LIMIT`] such deliveries.
 fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunReport) -> Settlement {
     let mut retry: Option<Duration> = None;
+    let mut dead = false;
     for result in results {
         let delay = match result {
             Ok(done) => {
@@ -489,6 +534,7 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
                 retry_after: None, ..
             }) => {
                 report.add(Outcome::Dead, 1);
+                dead = true;
                 continue;
             }
             Err(Error::Handler {
@@ -518,5 +564,9 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
         };
         retry = Some(retry.map_or(delay, |shortest| shortest.min(delay)));
     }
-    retry.map_or(Settlement::Ack, Settlement::Retry)
+    match (retry, dead) {
+        (Some(delay), _) => Settlement::Retry(delay),
+        (None, true) => Settlement::Terminate,
+        (None, false) => Settlement::Ack,
+    }
 }

@@ -20,6 +20,12 @@ pub const POSTGRES_URL_VAR: &str = "INBOX_TEST_POSTGRES_URL";
 /// The variable that points the tests at a MySQL or MariaDB server.
 pub const MYSQL_URL_VAR: &str = "INBOX_TEST_MYSQL_URL";
 
+/// The variable that points the broker tests at a NATS server with JetStream.
+pub const NATS_URL_VAR: &str = "INBOX_TEST_NATS_URL";
+
+/// The variable that points the broker tests at a RabbitMQ server.
+pub const AMQP_URL_VAR: &str = "INBOX_TEST_AMQP_URL";
+
 /// A test's own SQL for `DB`: MySQL takes `?` where the tests write `$1`, `$2`, ...
 pub fn sql<DB: sqlx::Database>(sql: &str) -> sqlx::AssertSqlSafe<String> {
     if DB::NAME != "MySQL" {
@@ -42,7 +48,8 @@ pub fn sql<DB: sqlx::Database>(sql: &str) -> sqlx::AssertSqlSafe<String> {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-fn unique(test: &str) -> String {
+/// A name no other test (or earlier run) uses: `test` plus the process, a counter and the time.
+pub fn unique(test: &str) -> String {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -178,6 +185,17 @@ pub async fn postgres_url(test: &str) -> Option<String> {
     Some(format!(
         "{url}{separator}options=-c%20search_path%3D{schema}"
     ))
+}
+
+/// The URL of the NATS server, or `None` (with a line saying so) when none is configured; under
+/// `CI=true` a missing server fails the test instead.
+pub fn nats_url(test: &str) -> Option<String> {
+    server_url(NATS_URL_VAR, "NATS", test)
+}
+
+/// The URL of the RabbitMQ server, like [`nats_url`].
+pub fn amqp_url(test: &str) -> Option<String> {
+    server_url(AMQP_URL_VAR, "RabbitMQ", test)
 }
 
 /// The URL of the server `var` names, or `None` (with a line saying so) when it is not set.

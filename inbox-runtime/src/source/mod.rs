@@ -1,7 +1,11 @@
 //! Where deliveries come from: a [`Source`] yields [`Delivery`]s, each acknowledged only after its
 //! handlers committed, or handed back for redelivery.
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 use std::future::Future;
 use std::time::Duration;
@@ -15,18 +19,99 @@ pub use memory::{MemoryBroker, MemorySource};
 pub type SourceError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A stream of deliveries from a broker.
+///
+/// The runtime asks for the next delivery while it has room for it (so a source bounds what it
+/// prefetches by what the runtime takes), and settles each one with its [`Acknowledge`] once the
+/// handlers' transactions are committed, never before. An error from [`Source::next`] is taken
+/// as transient: the run logs it and asks again after a growing delay; it never ends the run. A
+/// source that loses its connection reconnects on the next call, or returns errors until it can.
 pub trait Source: Send + 'static {
     /// The next delivery; `Ok(None)` when the source has ended.
     fn next(&mut self) -> impl Future<Output = Result<Option<Delivery>, SourceError>> + Send;
+
+    /// How often the runtime tells the broker that a delivery it holds unsettled is still being
+    /// worked on ([`Acknowledge::in_progress`]), so that a long handler, or a delivery queued
+    /// behind its aggregate, is not redelivered to another consumer meanwhile. `None` (the
+    /// default) for a broker that never takes a delivery back on its own.
+    fn keep_alive(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Called once when the run stops pulling: hands back at once what the source has fetched
+    /// from the broker but not yielded yet, rather than letting the broker wait for its timeout.
+    fn drain(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// Settles one delivery with its broker.
+///
+/// Dropping an acknowledger without settling is what a crash does: the broker redelivers the
+/// message, to this consumer or another, once its own timeout says the consumer is gone (a
+/// JetStream consumer's `ack_wait`, a RabbitMQ channel's close, a Redis entry's idle time).
+/// The runtime settles every delivery it pulled, on every path, except when it is itself killed.
 pub trait Acknowledge: Send + 'static {
     /// The delivery was handled and committed: the broker may forget it.
     fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>>;
     /// The delivery was not handled: the broker should deliver it again, not before `delay` where
     /// it can (brokers without delayed redelivery redeliver when they redeliver).
     fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>>;
+    /// The inbox has kept the message itself (dead, or rejected with its bytes), so the broker
+    /// must never deliver it again (JetStream `TERM`); an operator replays it from the inbox.
+    /// By default, an ack.
+    fn terminate(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
+        self.ack()
+    }
+    /// The delivery is still being worked on: the broker should not hand it to another consumer
+    /// yet (JetStream `+WPI`, a Redis entry's idle time reset). By default, nothing to do.
+    fn in_progress(&self) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// The headers a broker adapter reads a message's type tag and id from, and its publisher writes
+/// them to. By default CloudEvents' names in binary mode, `ce-type` and `ce-id`, so that other
+/// CloudEvents producers and consumers understand them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The header holding the message's type tag (`#[message(name = "...")]`).
+    pub message_type: String,
+    /// The header holding the message's id.
+    pub message_id: String,
+}
+
+impl HeaderNames {
+    /// The headers `envelope` is published with: its own, then its type tag and id under these
+    /// names.
+    pub fn of<'a>(&'a self, envelope: &'a Envelope) -> impl Iterator<Item = (&'a str, &'a str)> {
+        let own = envelope.headers().iter();
+        let tagged = [
+            (self.message_type.as_str(), envelope.message_type()),
+            (self.message_id.as_str(), envelope.id()),
+        ];
+        own.map(|(name, value)| (name.as_str(), value.as_str()))
+            .chain(tagged)
+    }
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            message_type: "ce-type".to_owned(),
+            message_id: "ce-id".to_owned(),
+        }
+    }
+}
+
+/// Sends envelopes to a broker, each confirmed by the broker before `publish` returns.
+pub trait Publish: Send + Sync {
+    /// Publishes `envelope` to `destination` (a subject, routing key or stream, as the broker
+    /// names it), with its type tag, id and headers; returns once the broker has confirmed it.
+    fn publish<'a>(
+        &'a self,
+        destination: &'a str,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), SourceError>>;
 }
 
 /// One message handed over by a source, with the means to settle it.
@@ -34,6 +119,7 @@ pub struct Delivery {
     envelope: Envelope,
     attempt: u32,
     acker: Box<dyn Acknowledge>,
+    unreadable: Option<String>,
 }
 
 impl Delivery {
@@ -43,7 +129,27 @@ impl Delivery {
             envelope,
             attempt,
             acker,
+            unreadable: None,
         }
+    }
+
+    /// A delivery the source could not read as a message (no type tag, say), for `reason`: the
+    /// runtime keeps it as rejected, with its bytes in `envelope`, and terminates it.
+    pub fn unreadable(
+        envelope: Envelope,
+        attempt: u32,
+        acker: Box<dyn Acknowledge>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self {
+            unreadable: Some(reason.into()),
+            ..Self::new(envelope, attempt, acker)
+        }
+    }
+
+    /// Why the source could not read this delivery as a message, if it could not.
+    pub fn unreadable_reason(&self) -> Option<&str> {
+        self.unreadable.as_deref()
     }
 
     /// The delivered message.

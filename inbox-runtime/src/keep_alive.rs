@@ -1,0 +1,72 @@
+//! Keeping unsettled deliveries alive: for a source whose broker takes a delivery back after a
+//! timeout, every delivery the run holds unsettled (queued behind its aggregate, or in a long
+//! handler) is reported in progress at the source's [`keep_alive`](crate::Source::keep_alive)
+//! period, until it is settled.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::source::SourceError;
+
+/// A delivery held unsettled.
+pub(crate) trait Held: Send + Sync {
+    /// Tells the broker the delivery is still being worked on; `None` once it is settled.
+    fn in_progress(&self) -> Option<BoxFuture<'static, Result<(), SourceError>>>;
+}
+
+/// The deliveries a run holds, reported in progress at a period until they are settled (or
+/// dropped, which is when the keeper forgets them).
+#[derive(Default)]
+pub(crate) struct Keeper {
+    held: Mutex<Vec<Weak<dyn Held>>>,
+}
+
+impl Keeper {
+    /// Keeps `delivery` alive until it is settled or dropped.
+    pub(crate) fn hold(&self, delivery: Weak<dyn Held>) {
+        self.lock().push(delivery);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn Held>>> {
+        // A panic while holding this lock leaves a list of weak references, still usable.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reports every held delivery in progress once, forgetting those gone.
+    async fn report(&self) {
+        let progress: Vec<_> = {
+            let mut held = self.lock();
+            held.retain(|delivery| delivery.strong_count() > 0);
+            held.iter()
+                .filter_map(Weak::upgrade)
+                .filter_map(|delivery| delivery.in_progress())
+                .collect()
+        };
+        for reported in futures::future::join_all(progress).await {
+            if let Err(error) = reported {
+                tracing::warn!(%error, "could not tell the broker a delivery is in progress");
+            }
+        }
+    }
+
+    /// Reports the held deliveries every `period` until the sender is dropped.
+    pub(crate) fn spawn(
+        self: Arc<Self>,
+        period: Duration,
+    ) -> (oneshot::Sender<()>, JoinHandle<()>) {
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let keeper = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    () = tokio::time::sleep(period) => self.report().await,
+                }
+            }
+        });
+        (stop, keeper)
+    }
+}

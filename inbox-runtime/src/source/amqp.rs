@@ -1,0 +1,332 @@
+//! RabbitMQ (feature `amqp`): a queue consumed with manual acks as a [`Source`], and a publisher
+//! with publisher confirms.
+//!
+//! - **Ack after commit**: `basic.ack` once the handlers committed.
+//! - **Nack with delay**: the delivery is held for the delay, then `basic.nack` with requeue.
+//!   Holding it needs no topology of the user's (a retry queue with a TTL and a dead-letter
+//!   exchange would); it keeps its prefetch slot meanwhile, and a crash during the delay requeues
+//!   it at once, which is only early. Failures the inbox has recorded are retried from the
+//!   database anyway, so the broker's delay matters only for deliveries that could not be handled
+//!   at all (the database down).
+//! - **A crash** (a delivery never settled): the channel closes with the process (or when the
+//!   source is dropped), and RabbitMQ requeues what it had not acknowledged.
+//! - **Long handlers** need nothing: RabbitMQ takes nothing back from a live channel (mind the
+//!   broker's `consumer_timeout`, 30 minutes by default).
+//! - **Dead or rejected**: acknowledged, since the inbox has kept it (a `reject` would route it to
+//!   the queue's dead-letter exchange, a second copy).
+//! - **Attempt**: `x-delivery-count` + 1 on quorum queues; elsewhere 2 for a redelivered message.
+//! - **Backpressure**: `basic.qos` prefetch ([`AmqpSourceBuilder::prefetch`], 64 by default).
+//! - **Reconnect**: with lapin's recovery enabled
+//!   (`ConnectionProperties::default().enable_auto_recover()`) the consumer resumes after the
+//!   connection comes back; errors meanwhile go to the run, which asks again after a growing delay.
+//!   What was unacknowledged when the connection dropped is requeued by the broker.
+//! - **Mapping**: type tag and id from the [`HeaderNames`] headers, else the `type` and
+//!   `message_id` properties; `produced_at` from the `timestamp` property; the routing key as the
+//!   `destination` header, the exchange as `exchange`, and the other headers as they are. A message
+//!   without a type tag is a delivery the run keeps as rejected, with its bytes.
+//!
+//! Several processes consuming one queue share its messages. To keep an aggregate on one
+//! consumer, declare the queue with `x-single-active-consumer` (one consumer at a time, the others
+//! on standby), or route by aggregate through a consistent-hash exchange to one queue per consumer.
+
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use inbox_core::Envelope;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Acker, BasicProperties, Channel, Connection, Consumer};
+
+use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
+
+/// The client this module speaks through, for its [`Connection`].
+pub use lapin;
+
+/// A RabbitMQ queue, consumed with manual acks on a channel of its own.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
+/// use inbox_runtime::amqp::{AmqpSource, lapin};
+///
+/// let properties = lapin::ConnectionProperties::default().enable_auto_recover();
+/// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", properties).await?;
+/// let source = AmqpSource::builder(&connection, "billing").prefetch(64).build().await?;
+/// # Ok(()) }
+/// ```
+pub struct AmqpSource {
+    consumer: Consumer,
+    headers: HeaderNames,
+}
+
+/// Builds an [`AmqpSource`] on a queue that exists (its topology is the application's).
+pub struct AmqpSourceBuilder<'c> {
+    connection: &'c Connection,
+    queue: String,
+    consumer_tag: String,
+    prefetch: u16,
+    options: BasicConsumeOptions,
+    arguments: FieldTable,
+    headers: HeaderNames,
+}
+
+impl AmqpSource {
+    /// A source on `queue`, over `connection`.
+    pub fn builder<'c>(connection: &'c Connection, queue: &str) -> AmqpSourceBuilder<'c> {
+        AmqpSourceBuilder {
+            connection,
+            queue: queue.to_owned(),
+            consumer_tag: String::new(),
+            prefetch: 64,
+            options: BasicConsumeOptions::default(),
+            arguments: FieldTable::default(),
+            headers: HeaderNames::default(),
+        }
+    }
+}
+
+impl AmqpSourceBuilder<'_> {
+    /// How many deliveries the broker sends ahead of their acks (`basic.qos`, 64 by default).
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// The consumer tag (by default the broker names the consumer).
+    pub fn consumer_tag(mut self, tag: impl Into<String>) -> Self {
+        self.consumer_tag = tag.into();
+        self
+    }
+
+    /// `basic.consume`'s options and arguments (`no_ack` is never set: the source acks itself).
+    pub fn consume(mut self, options: BasicConsumeOptions, arguments: FieldTable) -> Self {
+        self.options = BasicConsumeOptions {
+            no_ack: false,
+            ..options
+        };
+        self.arguments = arguments;
+        self
+    }
+
+    /// The headers the type tag and id are read from.
+    pub fn headers(mut self, headers: HeaderNames) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Opens the source's channel and starts consuming.
+    pub async fn build(self) -> Result<AmqpSource, SourceError> {
+        let channel = self.connection.create_channel().await?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                self.consumer_tag.as_str().into(),
+                self.options,
+                self.arguments,
+            )
+            .await?;
+        Ok(AmqpSource {
+            consumer,
+            headers: self.headers,
+        })
+    }
+}
+
+impl Source for AmqpSource {
+    async fn next(&mut self) -> Result<Option<Delivery>, SourceError> {
+        match self.consumer.next().await {
+            Some(Ok(delivery)) => Ok(Some(from_amqp(delivery, &self.headers))),
+            Some(Err(error)) => Err(error.into()),
+            None => Err("the RabbitMQ consumer was cancelled".into()),
+        }
+    }
+
+    async fn drain(&mut self) {
+        while let Some(Some(Ok(delivery))) = self.consumer.next().now_or_never() {
+            let requeue = BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            };
+            if let Err(error) = delivery.acker.nack(requeue).await {
+                tracing::warn!(%error, "could not hand a prefetched message back");
+            }
+        }
+    }
+}
+
+/// A header's value as text, if it is text.
+fn text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(text) => Some(String::from_utf8_lossy(text.as_bytes()).into_owned()),
+        AMQPValue::ShortString(text) => Some(text.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// A header's value as a count, if it is a whole number of at least zero.
+fn count(value: &AMQPValue) -> Option<u64> {
+    match *value {
+        AMQPValue::ShortShortUInt(n) => Some(n.into()),
+        AMQPValue::ShortUInt(n) => Some(n.into()),
+        AMQPValue::LongUInt(n) => Some(n.into()),
+        AMQPValue::ShortShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::ShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(n).ok(),
+        AMQPValue::LongLongInt(n) => u64::try_from(n).ok(),
+        _ => None,
+    }
+}
+
+/// A RabbitMQ delivery as a delivery of the inbox.
+fn from_amqp(delivery: lapin::message::Delivery, names: &HeaderNames) -> Delivery {
+    let properties = &delivery.properties;
+    let table = properties.headers().clone().unwrap_or_default();
+    let headers = table.inner();
+    let header = |name: &str| headers.get(name).and_then(text);
+    let property = |value: &Option<ShortString>| value.as_ref().map(|v| v.as_str().to_owned());
+    let message_type = header(&names.message_type).or_else(|| property(properties.kind()));
+    let id = header(&names.message_id)
+        .or_else(|| property(properties.message_id()))
+        .unwrap_or_else(|| format!("{}:{}", delivery.routing_key, delivery.delivery_tag));
+    let attempt = match headers.get("x-delivery-count").and_then(count) {
+        Some(earlier) => u32::try_from(earlier).unwrap_or(u32::MAX).saturating_add(1),
+        None if delivery.redelivered => 2,
+        None => 1,
+    };
+    let mut envelope = Envelope::new(
+        message_type.clone().unwrap_or_default(),
+        id,
+        delivery.data.clone(),
+    )
+    .with_header("destination", delivery.routing_key.as_str())
+    .with_header("exchange", delivery.exchange.as_str());
+    if let Some(seconds) = properties.timestamp() {
+        envelope =
+            envelope.with_produced_at(SystemTime::UNIX_EPOCH + Duration::from_secs(*seconds));
+    }
+    for (name, value) in headers {
+        if let Some(value) = text(value) {
+            envelope = envelope.with_header(name.as_str(), value);
+        }
+    }
+    let acker = Box::new(AmqpAcker(delivery.acker));
+    match message_type {
+        Some(_) => Delivery::new(envelope, attempt, acker),
+        None => {
+            let reason = format!(
+                "it has no `{}` header and no `type` property",
+                names.message_type
+            );
+            Delivery::unreadable(envelope, attempt, acker, reason)
+        }
+    }
+}
+
+/// Settles a RabbitMQ delivery.
+struct AmqpAcker(Acker);
+
+impl Acknowledge for AmqpAcker {
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async move {
+            self.0.ack(BasicAckOptions::default()).await?;
+            Ok(())
+        })
+    }
+
+    fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>> {
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        let handed_back = async move {
+            tokio::time::sleep(delay).await;
+            if let Err(error) = self.0.nack(requeue).await {
+                tracing::warn!(%error, "could not hand a delivery back; the broker requeues it when the channel closes");
+            }
+        };
+        tokio::spawn(handed_back);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Publishes envelopes to an exchange, each confirmed by the broker (publisher confirms), as
+/// persistent messages carrying the type tag and id in headers and in the `type` and `message_id`
+/// properties.
+pub struct AmqpPublisher {
+    channel: Channel,
+    exchange: String,
+    headers: HeaderNames,
+}
+
+impl AmqpPublisher {
+    /// A publisher to `exchange` (`""`: the default exchange, where the routing key names the
+    /// queue), on a channel of its own in confirm mode.
+    pub async fn new(connection: &Connection, exchange: &str) -> Result<Self, SourceError> {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self {
+            channel,
+            exchange: exchange.to_owned(),
+            headers: HeaderNames::default(),
+        })
+    }
+
+    /// Writes the type tag and id to these headers instead.
+    pub fn headers(mut self, headers: HeaderNames) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    fn properties(&self, envelope: &Envelope) -> BasicProperties {
+        let mut table = FieldTable::default();
+        let text = |value: &str| AMQPValue::LongString(value.into());
+        for (name, value) in self.headers.of(envelope) {
+            table.insert(name.into(), text(value));
+        }
+        let produced_at = envelope.produced_at().unwrap_or_else(SystemTime::now);
+        let seconds = produced_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        BasicProperties::default()
+            .with_headers(table)
+            .with_type(envelope.message_type().into())
+            .with_message_id(envelope.id().into())
+            .with_timestamp(seconds)
+            .with_delivery_mode(2)
+    }
+}
+
+impl Publish for AmqpPublisher {
+    fn publish<'a>(
+        &'a self,
+        destination: &'a str,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    destination.into(),
+                    BasicPublishOptions::default(),
+                    envelope.payload(),
+                    self.properties(envelope),
+                )
+                .await?;
+            let confirmation = confirm.await?;
+            if confirmation.is_nack() {
+                return Err(format!("the broker refused message `{}`", envelope.id()).into());
+            }
+            Ok(())
+        })
+    }
+}

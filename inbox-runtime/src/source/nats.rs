@@ -1,0 +1,301 @@
+//! NATS JetStream (feature `nats`): a durable pull consumer as a [`Source`], and a publisher.
+//!
+//! - **Ack after commit**, confirmed: a delivery is acknowledged with a double ack (`AckSync`:
+//!   the server confirms it), so an ack lost on the way is an error the run logs, not a silent
+//!   redelivery later.
+//! - **Nack with delay**: `NAK` with the delay; the server redelivers after it.
+//! - **A crash** (a delivery never settled): the server redelivers after the consumer's
+//!   `ack_wait`.
+//! - **Long handlers**: the run sends `+WPI` (in progress) for every delivery it holds, at a
+//!   third of `ack_wait`, so a slow handler or a delivery queued behind its aggregate keeps it.
+//! - **Dead or rejected**: `TERM`, the server stops redelivering it (the inbox has kept it).
+//! - **Attempt**: the server's delivered count.
+//! - **Backpressure**: the consumer's `max_ack_pending` bounds what is in flight (1,000 by
+//!   default); the pull asks for at most [`JetStreamSourceBuilder::batch`] messages at a time.
+//! - **Reconnect**: the client reconnects by itself; errors meanwhile go to the run, which asks
+//!   again after a growing delay. Acks that fail are redelivered by the server after `ack_wait`,
+//!   and the inbox takes the redelivery as a duplicate.
+//! - **Mapping**: type tag and id from the [`HeaderNames`] headers (the id falls back to
+//!   `Nats-Msg-Id`, then to `<stream>:<sequence>`), `produced_at` from the time the server
+//!   stored the message, the subject as the `destination` header, other headers as they are. A
+//!   message without a type tag is a delivery the run keeps as rejected, with its bytes.
+//!
+//! Several processes on one durable consumer share its messages; each message goes to one of
+//! them at a time. To keep an aggregate on one consumer, partition subjects by aggregate
+//! (`orders.<n>.>`, a subject transform) and give each process its own filter subject.
+
+use std::time::{Duration, SystemTime};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::pull::{self, Stream as Messages};
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
+use async_nats::jetstream::message::{AckKind, Acker};
+use async_nats::jetstream::{self, Context};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use inbox_core::Envelope;
+
+use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
+
+/// The client this module speaks through, for building its [`Context`].
+pub use async_nats;
+
+/// The header JetStream dedups published messages by, within the stream's duplicate window.
+const NATS_MSG_ID: &str = "Nats-Msg-Id";
+
+/// A durable JetStream pull consumer, consumed by an [`Inbox`](crate::Inbox).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
+/// let client = async_nats::connect("127.0.0.1:4222").await?;
+/// let context = async_nats::jetstream::new(client);
+/// let source = inbox_runtime::nats::JetStreamSource::builder(&context, "ORDERS", "billing")
+///     .ack_wait(std::time::Duration::from_secs(30))
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct JetStreamSource {
+    consumer: PullConsumer,
+    messages: Option<Messages>,
+    batch: usize,
+    headers: HeaderNames,
+    keep_alive: Duration,
+}
+
+/// Builds a [`JetStreamSource`]: the durable consumer is created on the stream if it is not there,
+/// with the settings below, and used as it is if it is.
+pub struct JetStreamSourceBuilder {
+    context: Context,
+    stream: String,
+    config: pull::Config,
+    batch: usize,
+    headers: HeaderNames,
+}
+
+impl JetStreamSource {
+    /// A source on the durable consumer `consumer` of `stream`.
+    pub fn builder(context: &Context, stream: &str, consumer: &str) -> JetStreamSourceBuilder {
+        let config = pull::Config {
+            durable_name: Some(consumer.to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: 1_000,
+            ..Default::default()
+        };
+        JetStreamSourceBuilder {
+            context: context.clone(),
+            stream: stream.to_owned(),
+            config,
+            batch: 100,
+            headers: HeaderNames::default(),
+        }
+    }
+
+    /// Starts the pull that yields messages, unless it runs.
+    async fn pull(&mut self) -> Result<(), SourceError> {
+        if self.messages.is_none() {
+            let pull = self.consumer.stream().max_messages_per_batch(self.batch);
+            self.messages = Some(pull.messages().await?);
+        }
+        Ok(())
+    }
+}
+
+impl JetStreamSourceBuilder {
+    /// How long the server waits for a delivery's ack before it redelivers it (30 s by default).
+    /// The run reports held deliveries in progress at a third of it.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.config.ack_wait = ack_wait;
+        self
+    }
+
+    /// How many deliveries may be unacknowledged at once (1,000 by default).
+    pub fn max_ack_pending(mut self, max_ack_pending: i64) -> Self {
+        self.config.max_ack_pending = max_ack_pending;
+        self
+    }
+
+    /// Consumes only the stream's subjects that match `filter`.
+    pub fn filter_subject(mut self, filter: impl Into<String>) -> Self {
+        self.config.filter_subject = filter.into();
+        self
+    }
+
+    /// The consumer's whole configuration, for what the other methods do not set.
+    pub fn config(mut self, config: pull::Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// How many messages one pull asks for (100 by default).
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// The headers the type tag and id are read from.
+    pub fn headers(mut self, headers: HeaderNames) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Finds or creates the consumer.
+    pub async fn build(self) -> Result<JetStreamSource, SourceError> {
+        let stream = self.context.get_stream(&self.stream).await?;
+        let name = self.config.durable_name.clone().unwrap_or_default();
+        let consumer: PullConsumer = stream.get_or_create_consumer(&name, self.config).await?;
+        let ack_wait = consumer.cached_info().config.ack_wait;
+        Ok(JetStreamSource {
+            consumer,
+            messages: None,
+            batch: self.batch,
+            headers: self.headers,
+            keep_alive: (ack_wait / 3).max(Duration::from_millis(100)),
+        })
+    }
+}
+
+impl Source for JetStreamSource {
+    async fn next(&mut self) -> Result<Option<Delivery>, SourceError> {
+        self.pull().await?;
+        let Some(messages) = self.messages.as_mut() else {
+            return Err("the JetStream pull did not start".into());
+        };
+        match messages.next().await {
+            Some(Ok(message)) => Ok(Some(delivery(message, &self.headers)?)),
+            Some(Err(error)) => Err(error.into()),
+            None => {
+                self.messages = None;
+                Err("the JetStream pull ended; starting another".into())
+            }
+        }
+    }
+
+    fn keep_alive(&self) -> Option<Duration> {
+        Some(self.keep_alive)
+    }
+
+    async fn drain(&mut self) {
+        let Some(mut messages) = self.messages.take() else {
+            return;
+        };
+        while let Some(Some(Ok(message))) = messages.next().now_or_never() {
+            if let Err(error) = message.ack_with(AckKind::Nak(None)).await {
+                tracing::warn!(%error, "could not hand a prefetched message back");
+            }
+        }
+    }
+}
+
+/// A JetStream message as a delivery.
+fn delivery(message: jetstream::Message, names: &HeaderNames) -> Result<Delivery, SourceError> {
+    let info = message.info()?;
+    let attempt = u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1);
+    let produced_at = SystemTime::from(info.published);
+    let fallback_id = format!("{}:{}", info.stream, info.stream_sequence);
+    let (message, acker) = message.split();
+    let acker = Box::new(JetStreamAcker(std::sync::Arc::new(acker)));
+    let headers = message.headers.unwrap_or_default();
+    let header = |name: &str| headers.get(name).map(|value| value.as_str().to_owned());
+    let id = header(&names.message_id)
+        .or_else(|| header(NATS_MSG_ID))
+        .unwrap_or(fallback_id);
+    let message_type = header(&names.message_type);
+    let mut envelope = Envelope::new(
+        message_type.clone().unwrap_or_default(),
+        id,
+        message.payload.to_vec(),
+    )
+    .with_produced_at(produced_at)
+    .with_header("destination", message.subject.as_str());
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        if let Some(value) = values.first() {
+            envelope = envelope.with_header(name, value.as_str());
+        }
+    }
+    Ok(match message_type {
+        Some(_) => Delivery::new(envelope, attempt, acker),
+        None => {
+            let reason = format!("it has no `{}` header", names.message_type);
+            Delivery::unreadable(envelope, attempt, acker, reason)
+        }
+    })
+}
+
+/// Settles a JetStream delivery.
+struct JetStreamAcker(std::sync::Arc<Acker>);
+
+impl Acknowledge for JetStreamAcker {
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async move { self.0.double_ack().await })
+    }
+
+    fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>> {
+        let delay = (!delay.is_zero()).then_some(delay);
+        Box::pin(async move { self.0.ack_with(AckKind::Nak(delay)).await })
+    }
+
+    fn terminate(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async move { self.0.double_ack_with(AckKind::Term).await })
+    }
+
+    fn in_progress(&self) -> BoxFuture<'static, Result<(), SourceError>> {
+        let acker = std::sync::Arc::clone(&self.0);
+        Box::pin(async move { acker.ack_with(AckKind::Progress).await })
+    }
+}
+
+/// Publishes envelopes to JetStream subjects, each confirmed by the stream's publish ack. The
+/// envelope's id goes in `Nats-Msg-Id` too, so that the stream drops a message published twice
+/// within its duplicate window (a relay that crashed before it saw the ack).
+#[derive(Clone)]
+pub struct JetStreamPublisher {
+    context: Context,
+    headers: HeaderNames,
+}
+
+impl JetStreamPublisher {
+    /// A publisher on `context`, writing the type tag and id to the default [`HeaderNames`].
+    pub fn new(context: &Context) -> Self {
+        Self {
+            context: context.clone(),
+            headers: HeaderNames::default(),
+        }
+    }
+
+    /// Writes the type tag and id to these headers instead.
+    pub fn headers(mut self, headers: HeaderNames) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    fn header_map(&self, envelope: &Envelope) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in self.headers.of(envelope) {
+            headers.insert(name, value);
+        }
+        headers.insert(NATS_MSG_ID, envelope.id());
+        headers
+    }
+}
+
+impl Publish for JetStreamPublisher {
+    fn publish<'a>(
+        &'a self,
+        destination: &'a str,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let payload = envelope.payload().to_vec().into();
+            let subject = destination.to_owned();
+            let sent = self
+                .context
+                .publish_with_headers(subject, self.header_map(envelope), payload)
+                .await?;
+            sent.await?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,666 @@
+//! One conformance suite for every source: each broker runs the same tests through a
+//! [`TestBroker`], which says what the broker promises ([`Features`]); what it does not promise is
+//! not tested. The inbox side runs on SQLite.
+//!
+//! Brokers: the in-memory broker always; NATS JetStream when `INBOX_TEST_NATS_URL` is set, and
+//! RabbitMQ when `INBOX_TEST_AMQP_URL` is (both required under `CI=true`).
+
+mod common;
+
+use std::time::Duration;
+
+use inbox::prelude::*;
+use inbox::{Delivery, MemoryBroker, RunReport, Source};
+
+use common::ledger::Credited;
+
+common::ledger::ledger_handlers!(sqlx::Sqlite, sqlx::SqliteConnection);
+common::queries::ledger_queries!(sqlx::Sqlite, crate::common::sqlite);
+
+/// What a broker promises, for the suite to test.
+#[derive(Debug, Clone, Copy)]
+struct Features {
+    /// Counts deliveries: a redelivery comes with a higher attempt.
+    counts_attempts: bool,
+    /// Can carry a message without the type tag header, which the source then reads as
+    /// unreadable.
+    carries_untagged: bool,
+    /// Takes a delivery back after a timeout unless it is reported in progress.
+    redelivers_on_timeout: bool,
+}
+
+/// A broker of the test's own (its own stream, queue or key), as the suite drives it.
+trait TestBroker: Sized + Send + Sync {
+    type Source: Source;
+    const FEATURES: Features;
+    /// How long an unsettled delivery takes to come back once its consumer is gone.
+    const REDELIVERY: Duration;
+    /// A broker of `test`'s own, or `None` (with a line saying so) when it is not configured.
+    async fn new(test: &str) -> Option<Self>;
+    /// A consumer in the test's one consumer group.
+    async fn source(&self) -> Self::Source;
+    async fn publish(&self, envelope: &Envelope);
+    /// Publishes `payload` with no type tag (only if `FEATURES.carries_untagged`).
+    async fn publish_untagged(&self, payload: &[u8]);
+}
+
+/// The in-memory broker: one queue, shared by every source of it.
+struct Memory(MemoryBroker);
+
+impl TestBroker for Memory {
+    type Source = inbox::MemorySource;
+    const FEATURES: Features = Features {
+        counts_attempts: true,
+        carries_untagged: false,
+        redelivers_on_timeout: false,
+    };
+    const REDELIVERY: Duration = Duration::from_millis(50);
+
+    async fn new(_test: &str) -> Option<Self> {
+        Some(Memory(MemoryBroker::new()))
+    }
+
+    async fn source(&self) -> Self::Source {
+        self.0.source()
+    }
+
+    async fn publish(&self, envelope: &Envelope) {
+        self.0.publish(envelope.clone());
+    }
+
+    async fn publish_untagged(&self, _payload: &[u8]) {
+        unreachable!("the memory broker carries envelopes only")
+    }
+}
+
+#[cfg(feature = "nats")]
+mod jetstream_broker {
+    use std::time::Duration;
+
+    use inbox::nats::async_nats::jetstream::{self, stream};
+    use inbox::nats::{JetStreamPublisher, JetStreamSource, async_nats};
+    use inbox::{Envelope, Publish};
+
+    use super::{Features, TestBroker};
+
+    /// A JetStream stream of the test's own, consumed by the durable consumer `group`.
+    pub struct JetStream {
+        context: jetstream::Context,
+        stream: String,
+        publisher: JetStreamPublisher,
+    }
+
+    impl TestBroker for JetStream {
+        type Source = JetStreamSource;
+        const FEATURES: Features = Features {
+            counts_attempts: true,
+            carries_untagged: true,
+            redelivers_on_timeout: true,
+        };
+        const REDELIVERY: Duration = Duration::from_secs(1);
+
+        async fn new(test: &str) -> Option<Self> {
+            let url = crate::common::nats_url(test)?;
+            let client = async_nats::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("cannot reach NATS at {url}: {e}"));
+            let context = jetstream::new(client);
+            let stream = crate::common::unique(test).to_uppercase();
+            let config = stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{stream}.>")],
+                max_age: Duration::from_secs(600),
+                ..Default::default()
+            };
+            context
+                .create_stream(config)
+                .await
+                .expect("create a stream");
+            let publisher = JetStreamPublisher::new(&context);
+            Some(JetStream {
+                context,
+                stream,
+                publisher,
+            })
+        }
+
+        async fn source(&self) -> Self::Source {
+            JetStreamSource::builder(&self.context, &self.stream, "group")
+                .ack_wait(Self::REDELIVERY)
+                .build()
+                .await
+                .expect("build the source")
+        }
+
+        async fn publish(&self, envelope: &Envelope) {
+            let subject = format!("{}.events", self.stream);
+            self.publisher
+                .publish(&subject, envelope)
+                .await
+                .expect("publish");
+        }
+
+        async fn publish_untagged(&self, payload: &[u8]) {
+            let subject = format!("{}.events", self.stream);
+            let acked = self.context.publish(subject, payload.to_vec().into());
+            acked.await.expect("publish").await.expect("publish ack");
+        }
+    }
+}
+
+#[cfg(feature = "amqp")]
+mod rabbitmq_broker {
+    use std::time::Duration;
+
+    use inbox::amqp::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+    use inbox::amqp::lapin::types::{AMQPValue, FieldTable};
+    use inbox::amqp::lapin::{self, BasicProperties, Connection, ConnectionProperties};
+    use inbox::amqp::{AmqpPublisher, AmqpSource};
+    use inbox::{Envelope, Publish};
+
+    use super::{Features, TestBroker};
+
+    /// A quorum queue of the test's own (quorum queues count deliveries).
+    pub struct RabbitMq {
+        connection: Connection,
+        channel: lapin::Channel,
+        queue: String,
+        publisher: AmqpPublisher,
+    }
+
+    impl TestBroker for RabbitMq {
+        type Source = AmqpSource;
+        const FEATURES: Features = Features {
+            counts_attempts: true,
+            carries_untagged: true,
+            redelivers_on_timeout: false,
+        };
+        const REDELIVERY: Duration = Duration::from_millis(300);
+
+        async fn new(test: &str) -> Option<Self> {
+            let url = crate::common::amqp_url(test)?;
+            let connection = Connection::connect(&url, ConnectionProperties::default())
+                .await
+                .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url}: {e}"));
+            let channel = connection.create_channel().await.expect("open a channel");
+            let queue = crate::common::unique(test);
+            let mut arguments = FieldTable::default();
+            arguments.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+            arguments.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+            let durable = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            channel
+                .queue_declare(queue.as_str().into(), durable, arguments)
+                .await
+                .expect("declare a queue");
+            let publisher = AmqpPublisher::new(&connection, "")
+                .await
+                .expect("a publisher");
+            Some(RabbitMq {
+                connection,
+                channel,
+                queue,
+                publisher,
+            })
+        }
+
+        async fn source(&self) -> Self::Source {
+            AmqpSource::builder(&self.connection, &self.queue)
+                .build()
+                .await
+                .expect("build the source")
+        }
+
+        async fn publish(&self, envelope: &Envelope) {
+            self.publisher
+                .publish(&self.queue, envelope)
+                .await
+                .expect("publish");
+        }
+
+        async fn publish_untagged(&self, payload: &[u8]) {
+            let options = BasicPublishOptions::default();
+            let properties = BasicProperties::default();
+            let queue = self.queue.as_str().into();
+            let sent = self
+                .channel
+                .basic_publish("".into(), queue, options, payload, properties);
+            sent.await.expect("publish").await.expect("publish confirm");
+        }
+    }
+}
+
+/// The next delivery within `wait`, if one comes.
+async fn next_within<S: Source>(source: &mut S, wait: Duration) -> Option<Delivery> {
+    match tokio::time::timeout(wait, source.next()).await {
+        Ok(next) => next.expect("the source answers"),
+        Err(_) => None,
+    }
+}
+
+/// Publishes the event `e-1` of account `acct`, crediting `amount`.
+async fn publish_one<B: TestBroker>(broker: &B, amount: i64) {
+    broker
+        .publish(&envelope(&Credited::new("e-1", "acct", 1, amount)))
+        .await;
+}
+
+/// The first delivery, which must come within ten seconds.
+async fn first_delivery<S: Source>(source: &mut S) -> Delivery {
+    next_within(source, Duration::from_secs(10))
+        .await
+        .expect("a delivery")
+}
+
+/// Nothing comes to a new consumer of the group, for three redelivery timeouts.
+async fn assert_not_delivered_again<B: TestBroker>(broker: &B, what: &str) {
+    let mut source = broker.source().await;
+    let again = next_within(&mut source, B::REDELIVERY * 3).await;
+    assert!(again.is_none(), "{what}: {again:?}");
+}
+
+fn envelope(event: &Credited) -> Envelope {
+    Envelope::encode(format!("delivery-{}", event.event_id), event).expect("encode")
+}
+
+/// Runs `inbox` over `source` until `processed` messages are applied (or a minute passed).
+async fn run_until_applied<S: Source>(
+    inbox: &Inbox<sqlx::Sqlite>,
+    pool: &Pool,
+    source: S,
+    processed: i64,
+) -> RunReport {
+    let pool = pool.clone();
+    let done = async move {
+        for _ in 0..1_200 {
+            if count(&pool, "applied").await >= processed {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    inbox.run_until(source, done).await.expect("run")
+}
+
+/// A stream of `accounts × per_account` events, every third one twice, shuffled.
+fn shuffled_stream(accounts: usize, per_account: i64) -> (Vec<Credited>, usize) {
+    let mut stream = Vec::new();
+    let mut distinct = 0;
+    for account in 0..accounts {
+        for sequence in 1..=per_account {
+            let event = Credited::new(
+                format!("acct-{account}-{sequence}"),
+                format!("acct-{account}"),
+                sequence,
+                sequence,
+            );
+            distinct += 1;
+            if distinct % 3 == 0 {
+                stream.push(event.clone());
+            }
+            stream.push(event);
+        }
+    }
+    common::shuffle(&mut stream, 7);
+    (stream, distinct)
+}
+
+/// Publishes `stream`, the `n`-th event as delivery `n`.
+async fn publish_all<B: TestBroker>(broker: &B, stream: &[Credited]) {
+    for (n, event) in stream.iter().enumerate() {
+        let envelope = Envelope::encode(format!("delivery-{n}"), event).expect("encode");
+        broker.publish(&envelope).await;
+    }
+}
+
+/// Every account applied 1..=per_account once each, in order, and holds their sum.
+async fn assert_applied_in_order(pool: &Pool, accounts: usize, per_account: i64) {
+    for account in 0..accounts {
+        let account = format!("acct-{account}");
+        let applied: Vec<i64> = applied(pool, &account)
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(applied, (1..=per_account).collect::<Vec<_>>(), "{account}");
+        assert_eq!(
+            balance(pool, &account).await,
+            (1..=per_account).sum::<i64>(),
+            "{account}"
+        );
+    }
+}
+
+/// The tests, generic over the broker.
+mod suite {
+    use super::*;
+
+    /// Says, where a reader sees it, that a test does not apply to a broker.
+    fn not_promised<B: TestBroker>(what: &str) {
+        eprintln!(
+            "SKIPPED for {}: it never {what}",
+            std::any::type_name::<B>()
+        );
+    }
+
+    pub async fn consumes_what_was_published_with_payload_and_headers<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_publish").await else {
+            return;
+        };
+        for n in 0..10 {
+            let event = Credited::new(format!("e-{n}"), "acct", n, n);
+            broker
+                .publish(&envelope(&event).with_header("trace", format!("t-{n}")))
+                .await;
+        }
+        let mut source = broker.source().await;
+
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            let delivery = next_within(&mut source, Duration::from_secs(10))
+                .await
+                .expect("a delivery");
+            let message = delivery.envelope();
+            assert_eq!(message.message_type(), "test.credited");
+            let event: Credited = message.decode().expect("the payload decodes");
+            assert_eq!(message.id(), format!("delivery-{}", event.event_id));
+            assert_eq!(
+                message.headers().get("trace"),
+                Some(&format!("t-{}", event.sequence))
+            );
+            assert_eq!(delivery.attempt(), 1);
+            seen.push(event.sequence);
+            delivery.ack().await.expect("ack");
+        }
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+    }
+
+    pub async fn a_nacked_delivery_comes_again<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_nack").await else {
+            return;
+        };
+        publish_one(&broker, 1).await;
+        let mut source = broker.source().await;
+
+        let first = first_delivery(&mut source).await;
+        first.nack(Duration::from_millis(200)).await.expect("nack");
+        let again = next_within(&mut source, Duration::from_secs(10))
+            .await
+            .expect("redelivered");
+
+        assert_eq!(again.envelope().id(), "delivery-e-1");
+        if B::FEATURES.counts_attempts {
+            assert_eq!(again.attempt(), 2);
+        }
+        again.ack().await.expect("ack");
+    }
+
+    pub async fn an_unsettled_delivery_goes_to_the_next_consumer<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_crash").await else {
+            return;
+        };
+        publish_one(&broker, 1).await;
+        let mut crashed = broker.source().await;
+        let taken = first_delivery(&mut crashed).await;
+        drop((taken, crashed));
+
+        let mut next = broker.source().await;
+        let again = next_within(&mut next, B::REDELIVERY * 5)
+            .await
+            .expect("redelivered after the crash");
+
+        assert_eq!(again.envelope().id(), "delivery-e-1");
+        again.ack().await.expect("ack");
+    }
+
+    pub async fn an_acked_delivery_never_comes_again<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_acked").await else {
+            return;
+        };
+        publish_one(&broker, 1).await;
+        let mut source = broker.source().await;
+        let delivery = first_delivery(&mut source).await;
+        delivery.ack().await.expect("ack");
+
+        assert_not_delivered_again(&broker, "redelivered after its ack").await;
+    }
+
+    pub async fn a_shuffled_duplicated_stream_keeps_the_ledger_exact<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_ledger").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_ledger").await else {
+            return;
+        };
+        let (accounts, per_account) = (10, 10);
+        let (stream, distinct) = shuffled_stream(accounts, per_account);
+        publish_all(&broker, &stream).await;
+        let inbox = Inbox::builder(pool.clone())
+            .consumer("ledger")
+            .handler(credit_strict)
+            .build()
+            .await
+            .unwrap();
+
+        let report = run_until_applied(&inbox, &pool, broker.source().await, distinct as i64).await;
+
+        assert_eq!(count(&pool, "applied").await, distinct as i64, "{report:?}");
+        assert_applied_in_order(&pool, accounts, per_account).await;
+    }
+
+    pub async fn two_consumers_in_one_group_apply_each_message_once<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_group").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_group").await else {
+            return;
+        };
+        let (accounts, per_account) = (6, 10);
+        let (stream, distinct) = shuffled_stream(accounts, per_account);
+        publish_all(&broker, &stream).await;
+        let other_pool = second_pool(&pool).await;
+        let build = |pool: &Pool| {
+            Inbox::builder(pool.clone())
+                .consumer("ledger")
+                .handler(credit_strict)
+                .build()
+        };
+        let (one, two) = (
+            build(&pool).await.unwrap(),
+            build(&other_pool).await.unwrap(),
+        );
+
+        let (first, second) = tokio::join!(
+            run_until_applied(&one, &pool, broker.source().await, distinct as i64),
+            run_until_applied(&two, &other_pool, broker.source().await, distinct as i64),
+        );
+
+        let applied_by =
+            |report: &RunReport| report.count(Outcome::Processed) + report.count(Outcome::Released);
+        assert_eq!(
+            applied_by(&first) + applied_by(&second),
+            distinct as u64,
+            "{first:?} {second:?}"
+        );
+        assert_eq!(count(&pool, "applied").await, distinct as i64);
+        assert_applied_in_order(&pool, accounts, per_account).await;
+    }
+
+    pub async fn a_delivery_without_a_type_tag_is_kept_as_rejected<B: TestBroker>() {
+        if !B::FEATURES.carries_untagged {
+            return not_promised::<B>("carries messages without a type tag");
+        }
+        let Some(broker) = B::new("conformance_untagged").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_untagged").await else {
+            return;
+        };
+        broker.publish_untagged(b"{\"no\": \"type\"}").await;
+        publish_one(&broker, 5).await;
+        let inbox = Inbox::builder(pool.clone())
+            .handler(credit)
+            .build()
+            .await
+            .unwrap();
+
+        let report = run_until_applied(&inbox, &pool, broker.source().await, 1).await;
+
+        let rejected = inbox.rejected().await.unwrap();
+        assert_eq!(rejected.len(), 1, "{report:?}");
+        assert_eq!(rejected[0].payload, b"{\"no\": \"type\"}");
+        assert!(
+            rejected[0].reason.contains("has no `ce-type` header"),
+            "{}",
+            rejected[0].reason
+        );
+        assert_eq!(balance(&pool, "acct").await, 5);
+        assert_not_delivered_again(&broker, "a kept delivery was delivered again").await;
+    }
+
+    /// The event ids whose first attempt stalls for good.
+    static STALLED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+    /// Credits; the first attempt at an event stalls for an hour, inside its transaction.
+    #[inbox_handler(key = "event_id", aggregate = "account", name = "stall_once")]
+    async fn stall_once(
+        tx: &mut sqlx::SqliteConnection,
+        msg: Credited,
+    ) -> Result<(), HandlerError> {
+        let first = {
+            let mut stalled = STALLED.lock().unwrap();
+            let first = !stalled.contains(&msg.event_id);
+            stalled.push(msg.event_id.clone());
+            first
+        };
+        if first {
+            tokio::time::sleep(Duration::from_secs(3_600)).await;
+        }
+        apply_credit(tx, &msg).await
+    }
+
+    pub async fn a_run_killed_with_work_in_flight_loses_nothing<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_killed").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_killed").await else {
+            return;
+        };
+        let event_id = format!("crash-{}", std::any::type_name::<B>());
+        broker
+            .publish(&envelope(&Credited::new(event_id.clone(), "acct", 1, 5)))
+            .await;
+        let inbox = Inbox::builder(pool.clone())
+            .handler(stall_once)
+            .build()
+            .await
+            .unwrap();
+
+        // The run lives on a runtime of its own, shut down while the handler is in flight: every
+        // task stops where it is, as in a process killed.
+        let (source, killed) = (broker.source().await, inbox.clone());
+        let stalled = event_id.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.spawn(async move { killed.run(source).await });
+            while !STALLED.lock().unwrap().contains(&stalled) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            runtime.shutdown_background();
+        })
+        .join()
+        .unwrap();
+
+        let report = run_until_applied(&inbox, &pool, broker.source().await, 1).await;
+
+        assert_eq!(
+            balance(&pool, "acct").await,
+            5,
+            "the delivery in flight was lost: {report:?}"
+        );
+        assert_eq!(report.count(Outcome::Processed), 1, "{report:?}");
+    }
+
+    /// Credits after sleeping past the broker's redelivery timeout.
+    #[inbox_handler(key = "event_id", aggregate = "account", name = "slow_credit")]
+    async fn slow_credit(
+        tx: &mut sqlx::SqliteConnection,
+        msg: Credited,
+    ) -> Result<(), HandlerError> {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        apply_credit(tx, &msg).await
+    }
+
+    pub async fn a_long_handler_keeps_its_delivery<B: TestBroker>() {
+        if !B::FEATURES.redelivers_on_timeout {
+            return not_promised::<B>("takes deliveries back after a timeout");
+        }
+        let Some(broker) = B::new("conformance_long").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_long").await else {
+            return;
+        };
+        publish_one(&broker, 5).await;
+        let inbox = Inbox::builder(pool.clone())
+            .handler(slow_credit)
+            .build()
+            .await
+            .unwrap();
+
+        let source = broker.source().await;
+        let report = run_until_applied(&inbox, &pool, source, 1).await;
+
+        assert_eq!(report.count(Outcome::Processed), 1, "{report:?}");
+        assert_eq!(
+            report.count(Outcome::Duplicate),
+            0,
+            "redelivered while its handler ran: {report:?}"
+        );
+        assert_not_delivered_again(&broker, "redelivered after its ack").await;
+    }
+}
+
+/// The suite's tests for one broker, in a module named after it.
+macro_rules! conformance {
+    ($module:ident, $broker:ty) => {
+        conformance!(@tests $module, $broker:
+            consumes_what_was_published_with_payload_and_headers,
+            a_nacked_delivery_comes_again,
+            an_unsettled_delivery_goes_to_the_next_consumer,
+            an_acked_delivery_never_comes_again,
+            a_shuffled_duplicated_stream_keeps_the_ledger_exact,
+            two_consumers_in_one_group_apply_each_message_once,
+            a_delivery_without_a_type_tag_is_kept_as_rejected,
+            a_run_killed_with_work_in_flight_loses_nothing,
+            a_long_handler_keeps_its_delivery
+        );
+    };
+    (@tests $module:ident, $broker:ty: $($test:ident),*) => {
+        mod $module {
+            use super::suite;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    suite::$test::<$broker>().await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(memory, crate::Memory);
+#[cfg(feature = "nats")]
+conformance!(jetstream, crate::jetstream_broker::JetStream);
+#[cfg(feature = "amqp")]
+conformance!(rabbitmq, crate::rabbitmq_broker::RabbitMq);
