@@ -2,8 +2,9 @@
 //! [`TestBroker`], which says what the broker promises ([`Features`]); what it does not promise is
 //! not tested. The inbox side runs on SQLite.
 //!
-//! Brokers: the in-memory broker always; NATS JetStream when `INBOX_TEST_NATS_URL` is set, and
-//! RabbitMQ when `INBOX_TEST_AMQP_URL` is (both required under `CI=true`).
+//! Brokers: the in-memory broker always; NATS JetStream, RabbitMQ and Redis Streams when
+//! `INBOX_TEST_NATS_URL`, `INBOX_TEST_AMQP_URL` and `INBOX_TEST_REDIS_URL` are set (required under
+//! `CI=true`).
 
 mod common;
 
@@ -29,6 +30,14 @@ struct Features {
     redelivers_on_timeout: bool,
 }
 
+/// A broker that counts deliveries, carries any headers, and takes back a delivery whose
+/// consumer did not settle it in time.
+const TAKES_BACK_IDLE: Features = Features {
+    counts_attempts: true,
+    carries_untagged: true,
+    redelivers_on_timeout: true,
+};
+
 /// A broker of the test's own (its own stream, queue or key), as the suite drives it.
 trait TestBroker: Sized + Send + Sync {
     type Source: Source;
@@ -39,9 +48,104 @@ trait TestBroker: Sized + Send + Sync {
     async fn new(test: &str) -> Option<Self>;
     /// A consumer in the test's one consumer group.
     async fn source(&self) -> Self::Source;
-    async fn publish(&self, envelope: &Envelope);
+    async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError>;
     /// Publishes `payload` with no type tag (only if `FEATURES.carries_untagged`).
     async fn publish_untagged(&self, payload: &[u8]);
+    /// A broker on a server of the suite's own, which the suite restarts; `None` where the suite
+    /// does not run this broker itself.
+    async fn on_own_server(_test: &str) -> Option<(Self, Server)> {
+        None
+    }
+}
+
+/// A broker server the suite runs itself: on a free port below 32768, with a data directory of
+/// its own, stopped (`SIGTERM`) and started again by [`Server::restart`].
+struct Server {
+    command: Vec<String>,
+    port: u16,
+    child: std::process::Child,
+}
+
+impl Server {
+    /// Starts `program` with the arguments `args` makes of a free port and a fresh directory, or
+    /// `None` (with a line saying so) when the program is not installed, unless under `CI=true`.
+    async fn start(program: &str, args: impl Fn(u16, &str) -> Vec<String>) -> Option<Server> {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("inbox_broker_{port}_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a data directory");
+        let mut command = vec![program.to_owned()];
+        command.extend(args(port, &dir.display().to_string()));
+        let Ok(child) = spawn(&command) else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI must run the restart test, but `{program}` cannot start"
+            );
+            eprintln!("SKIPPED: the restart test needs `{program}`");
+            return None;
+        };
+        let server = Server {
+            command,
+            port,
+            child,
+        };
+        server.wait_until_up().await;
+        Some(server)
+    }
+
+    async fn wait_until_up(&self) {
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "`{}` did not come up on port {}",
+            self.command[0], self.port
+        );
+    }
+
+    /// Stops the server as an orderly restart does, and starts it again on its data.
+    async fn restart(&mut self) {
+        let pid = self.child.id().to_string();
+        let stopped = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        assert!(
+            stopped.is_ok_and(|status| status.success()),
+            "could not stop the server"
+        );
+        self.child.wait().expect("the server stops");
+        self.child = spawn(&self.command).expect("the server starts again");
+        self.wait_until_up().await;
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(command: &[String]) -> std::io::Result<std::process::Child> {
+    std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+}
+
+/// A port below 32768 (under the ephemeral range) that nothing listens on now.
+fn free_port() -> u16 {
+    let start = 20_000 + (std::process::id() % 10_000) as u16;
+    (start..32_000)
+        .chain(20_000..start)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port")
 }
 
 /// The in-memory broker: one queue, shared by every source of it.
@@ -64,8 +168,9 @@ impl TestBroker for Memory {
         self.0.source()
     }
 
-    async fn publish(&self, envelope: &Envelope) {
+    async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
         self.0.publish(envelope.clone());
+        Ok(())
     }
 
     async fn publish_untagged(&self, _payload: &[u8]) {
@@ -81,7 +186,7 @@ mod jetstream_broker {
     use inbox::nats::{JetStreamPublisher, JetStreamSource, async_nats};
     use inbox::{Envelope, Publish};
 
-    use super::{Features, TestBroker};
+    use super::{Features, Server, TestBroker};
 
     /// A JetStream stream of the test's own, consumed by the durable consumer `group`.
     pub struct JetStream {
@@ -92,16 +197,49 @@ mod jetstream_broker {
 
     impl TestBroker for JetStream {
         type Source = JetStreamSource;
-        const FEATURES: Features = Features {
-            counts_attempts: true,
-            carries_untagged: true,
-            redelivers_on_timeout: true,
-        };
+        const FEATURES: Features = super::TAKES_BACK_IDLE;
         const REDELIVERY: Duration = Duration::from_secs(1);
 
         async fn new(test: &str) -> Option<Self> {
-            let url = crate::common::nats_url(test)?;
-            let client = async_nats::connect(&url)
+            Some(Self::connect(&crate::common::nats_url(test)?, test).await)
+        }
+
+        async fn on_own_server(test: &str) -> Option<(Self, Server)> {
+            let args = |port: u16, dir: &str| {
+                let port = port.to_string();
+                ["-a", "127.0.0.1", "-p", &port, "-js", "-sd", dir]
+                    .map(String::from)
+                    .to_vec()
+            };
+            let server = Server::start("nats-server", args).await?;
+            let url = format!("nats://127.0.0.1:{}", server.port);
+            Some((Self::connect(&url, test).await, server))
+        }
+
+        async fn source(&self) -> Self::Source {
+            JetStreamSource::builder(&self.context, &self.stream, "group")
+                .ack_wait(Self::REDELIVERY)
+                .build()
+                .await
+                .expect("build the source")
+        }
+
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+            let subject = format!("{}.events", self.stream);
+            self.publisher.publish(&subject, envelope).await
+        }
+
+        async fn publish_untagged(&self, payload: &[u8]) {
+            let subject = format!("{}.events", self.stream);
+            let acked = self.context.publish(subject, payload.to_vec().into());
+            acked.await.expect("publish").await.expect("publish ack");
+        }
+    }
+
+    impl JetStream {
+        /// A stream of `test`'s own on the server at `url`.
+        async fn connect(url: &str, test: &str) -> Self {
+            let client = async_nats::connect(url)
                 .await
                 .unwrap_or_else(|e| panic!("cannot reach NATS at {url}: {e}"));
             let context = jetstream::new(client);
@@ -117,33 +255,11 @@ mod jetstream_broker {
                 .await
                 .expect("create a stream");
             let publisher = JetStreamPublisher::new(&context);
-            Some(JetStream {
+            JetStream {
                 context,
                 stream,
                 publisher,
-            })
-        }
-
-        async fn source(&self) -> Self::Source {
-            JetStreamSource::builder(&self.context, &self.stream, "group")
-                .ack_wait(Self::REDELIVERY)
-                .build()
-                .await
-                .expect("build the source")
-        }
-
-        async fn publish(&self, envelope: &Envelope) {
-            let subject = format!("{}.events", self.stream);
-            self.publisher
-                .publish(&subject, envelope)
-                .await
-                .expect("publish");
-        }
-
-        async fn publish_untagged(&self, payload: &[u8]) {
-            let subject = format!("{}.events", self.stream);
-            let acked = self.context.publish(subject, payload.to_vec().into());
-            acked.await.expect("publish").await.expect("publish ack");
+            }
         }
     }
 }
@@ -216,11 +332,8 @@ mod rabbitmq_broker {
                 .expect("build the source")
         }
 
-        async fn publish(&self, envelope: &Envelope) {
-            self.publisher
-                .publish(&self.queue, envelope)
-                .await
-                .expect("publish");
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+            self.publisher.publish(&self.queue, envelope).await
         }
 
         async fn publish_untagged(&self, payload: &[u8]) {
@@ -231,6 +344,107 @@ mod rabbitmq_broker {
                 .channel
                 .basic_publish("".into(), queue, options, payload, properties);
             sent.await.expect("publish").await.expect("publish confirm");
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_broker {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use inbox::redis::redis::{self, AsyncCommands};
+    use inbox::redis::{RedisStreamPublisher, RedisStreamSource};
+    use inbox::{Envelope, Publish};
+
+    use super::{Features, Server, TestBroker};
+
+    /// A stream of the test's own, consumed by the group `group`, each source a consumer of its
+    /// own.
+    pub struct RedisStreams {
+        client: redis::Client,
+        stream: String,
+        publisher: RedisStreamPublisher,
+        consumers: AtomicUsize,
+    }
+
+    impl TestBroker for RedisStreams {
+        type Source = RedisStreamSource;
+        const FEATURES: Features = super::TAKES_BACK_IDLE;
+        const REDELIVERY: Duration = Duration::from_secs(1);
+
+        async fn new(test: &str) -> Option<Self> {
+            Some(Self::connect(&crate::common::redis_url(test)?, test).await)
+        }
+
+        async fn on_own_server(test: &str) -> Option<(Self, Server)> {
+            let args = |port: u16, dir: &str| {
+                let port = port.to_string();
+                let flags = [
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    &port,
+                    "--dir",
+                    dir,
+                    "--save",
+                    "",
+                ];
+                let durable = ["--appendonly", "yes", "--appendfsync", "always"];
+                flags
+                    .iter()
+                    .chain(&durable)
+                    .map(|s| s.to_string())
+                    .collect()
+            };
+            let server = Server::start("redis-server", args).await?;
+            let url = format!("redis://127.0.0.1:{}", server.port);
+            Some((Self::connect(&url, test).await, server))
+        }
+
+        async fn source(&self) -> Self::Source {
+            let consumer = format!(
+                "consumer-{}",
+                self.consumers.fetch_add(1, Ordering::Relaxed)
+            );
+            RedisStreamSource::builder(&self.client, &self.stream, "group", &consumer)
+                .visibility_timeout(Self::REDELIVERY)
+                .build()
+                .await
+                .expect("build the source")
+        }
+
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+            self.publisher.publish(&self.stream, envelope).await
+        }
+
+        async fn publish_untagged(&self, payload: &[u8]) {
+            let mut connection = self
+                .client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            let _: String = connection
+                .xadd(&self.stream, "*", &[("payload", payload)])
+                .await
+                .expect("XADD");
+        }
+    }
+
+    impl RedisStreams {
+        /// A stream of `test`'s own on the server at `url`.
+        async fn connect(url: &str, test: &str) -> Self {
+            let client =
+                redis::Client::open(url).unwrap_or_else(|e| panic!("bad Redis URL {url}: {e}"));
+            let publisher = RedisStreamPublisher::new(&client)
+                .await
+                .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
+            RedisStreams {
+                client,
+                stream: crate::common::unique(test),
+                publisher,
+                consumers: AtomicUsize::new(0),
+            }
         }
     }
 }
@@ -247,7 +461,8 @@ async fn next_within<S: Source>(source: &mut S, wait: Duration) -> Option<Delive
 async fn publish_one<B: TestBroker>(broker: &B, amount: i64) {
     broker
         .publish(&envelope(&Credited::new("e-1", "acct", 1, amount)))
-        .await;
+        .await
+        .expect("publish");
 }
 
 /// The first delivery, which must come within ten seconds.
@@ -314,7 +529,7 @@ fn shuffled_stream(accounts: usize, per_account: i64) -> (Vec<Credited>, usize) 
 async fn publish_all<B: TestBroker>(broker: &B, stream: &[Credited]) {
     for (n, event) in stream.iter().enumerate() {
         let envelope = Envelope::encode(format!("delivery-{n}"), event).expect("encode");
-        broker.publish(&envelope).await;
+        broker.publish(&envelope).await.expect("publish");
     }
 }
 
@@ -356,7 +571,8 @@ mod suite {
             let event = Credited::new(format!("e-{n}"), "acct", n, n);
             broker
                 .publish(&envelope(&event).with_header("trace", format!("t-{n}")))
-                .await;
+                .await
+                .expect("publish");
         }
         let mut source = broker.source().await;
 
@@ -516,7 +732,7 @@ mod suite {
         assert_eq!(rejected.len(), 1, "{report:?}");
         assert_eq!(rejected[0].payload, b"{\"no\": \"type\"}");
         assert!(
-            rejected[0].reason.contains("has no `ce-type` header"),
+            rejected[0].reason.contains("has no `ce-type`"),
             "{}",
             rejected[0].reason
         );
@@ -555,7 +771,8 @@ mod suite {
         let event_id = format!("crash-{}", std::any::type_name::<B>());
         broker
             .publish(&envelope(&Credited::new(event_id.clone(), "acct", 1, 5)))
-            .await;
+            .await
+            .expect("publish");
         let inbox = Inbox::builder(pool.clone())
             .handler(stall_once)
             .build()
@@ -589,6 +806,54 @@ mod suite {
             "the delivery in flight was lost: {report:?}"
         );
         assert_eq!(report.count(Outcome::Processed), 1, "{report:?}");
+    }
+
+    pub async fn a_broker_restarted_mid_run_loses_nothing<B: TestBroker>() {
+        let Some((broker, mut server)) = B::on_own_server("conformance_restart").await else {
+            return not_promised::<B>("runs on a server of the suite's own");
+        };
+        let Some(pool) = ledger("conformance_restart").await else {
+            return;
+        };
+        let (accounts, per_account) = (6, 10);
+        let (stream, distinct) = shuffled_stream(accounts, per_account);
+        let (before, after) = stream.split_at(stream.len() / 2);
+        publish_all(&broker, before).await;
+        let inbox = Inbox::builder(pool.clone())
+            .consumer("ledger")
+            .handler(credit_strict)
+            .build()
+            .await
+            .unwrap();
+        let (running, source) = (pool.clone(), broker.source().await);
+        let run = tokio::spawn(async move {
+            run_until_applied(&inbox, &running, source, distinct as i64).await
+        });
+        common::eventually_async("some messages applied", || async {
+            count(&pool, "applied").await >= 10
+        })
+        .await;
+
+        server.restart().await;
+        for (n, event) in after.iter().enumerate() {
+            let envelope = Envelope::encode(format!("after-{n}"), event).expect("encode");
+            publish_eventually(&broker, &envelope).await;
+        }
+        let report = run.await.unwrap();
+
+        assert_eq!(count(&pool, "applied").await, distinct as i64, "{report:?}");
+        assert_applied_in_order(&pool, accounts, per_account).await;
+    }
+
+    /// Publishes `envelope`, trying again while the broker's client reconnects.
+    async fn publish_eventually<B: TestBroker>(broker: &B, envelope: &Envelope) {
+        for _ in 0..100 {
+            if broker.publish(envelope).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the broker took no message for ten seconds after its restart");
     }
 
     /// Credits after sleeping past the broker's redelivery timeout.
@@ -643,7 +908,8 @@ macro_rules! conformance {
             two_consumers_in_one_group_apply_each_message_once,
             a_delivery_without_a_type_tag_is_kept_as_rejected,
             a_run_killed_with_work_in_flight_loses_nothing,
-            a_long_handler_keeps_its_delivery
+            a_long_handler_keeps_its_delivery,
+            a_broker_restarted_mid_run_loses_nothing
         );
     };
     (@tests $module:ident, $broker:ty: $($test:ident),*) => {
@@ -664,3 +930,5 @@ conformance!(memory, crate::Memory);
 conformance!(jetstream, crate::jetstream_broker::JetStream);
 #[cfg(feature = "amqp")]
 conformance!(rabbitmq, crate::rabbitmq_broker::RabbitMq);
+#[cfg(feature = "redis")]
+conformance!(redis_streams, crate::redis_broker::RedisStreams);

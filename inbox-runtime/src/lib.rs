@@ -22,6 +22,8 @@ pub use route::Handled;
 pub use source::amqp;
 #[cfg(feature = "nats")]
 pub use source::nats;
+#[cfg(feature = "redis")]
+pub use source::redis;
 pub use source::{
     Acknowledge, Delivery, HeaderNames, MemoryBroker, MemorySource, Publish, Source, SourceError,
 };

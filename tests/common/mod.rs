@@ -26,6 +26,9 @@ pub const NATS_URL_VAR: &str = "INBOX_TEST_NATS_URL";
 /// The variable that points the broker tests at a RabbitMQ server.
 pub const AMQP_URL_VAR: &str = "INBOX_TEST_AMQP_URL";
 
+/// The variable that points the broker tests at a Redis server.
+pub const REDIS_URL_VAR: &str = "INBOX_TEST_REDIS_URL";
+
 /// A test's own SQL for `DB`: MySQL takes `?` where the tests write `$1`, `$2`, ...
 pub fn sql<DB: sqlx::Database>(sql: &str) -> sqlx::AssertSqlSafe<String> {
     if DB::NAME != "MySQL" {
@@ -198,6 +201,11 @@ pub fn amqp_url(test: &str) -> Option<String> {
     server_url(AMQP_URL_VAR, "RabbitMQ", test)
 }
 
+/// The URL of the Redis server, like [`nats_url`].
+pub fn redis_url(test: &str) -> Option<String> {
+    server_url(REDIS_URL_VAR, "Redis", test)
+}
+
 /// The URL of the server `var` names, or `None` (with a line saying so) when it is not set.
 /// Under `CI=true` a missing server fails the test instead.
 fn server_url(var: &str, database: &str, test: &str) -> Option<String> {
@@ -265,13 +273,22 @@ pub fn shuffle<T>(items: &mut [T], seed: u64) {
     }
 }
 
-/// Waits, for ten seconds at most, until `done` holds; panics saying `what` it waited for.
-pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+/// Waits, for ten seconds at most, until the future `done` makes says yes; panics saying `what` it
+/// waited for.
+pub async fn eventually_async<F: std::future::Future<Output = bool>>(
+    what: &str,
+    done: impl Fn() -> F,
+) {
     for _ in 0..2_000 {
-        if done() {
+        if done().await {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!("timed out waiting until {what}");
+}
+
+/// Waits, for ten seconds at most, until `done` holds; panics saying `what` it waited for.
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    eventually_async(what, || std::future::ready(done())).await
 }

@@ -6,6 +6,8 @@ pub mod amqp;
 mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,0 +1,382 @@
+//! Redis Streams (feature `redis`): a consumer of a consumer group as a [`Source`], and a
+//! publisher (`XADD`).
+//!
+//! - **Ack after commit**: `XACK` once the handlers committed.
+//! - **Nack with delay**: the entry stays pending, its idle time set (`XCLAIM ... IDLE`) so that
+//!   it becomes reclaimable once the delay has passed.
+//! - **A crash** (an entry never settled): it stays pending for the consumer that crashed, and
+//!   any consumer of the group claims it (`XAUTOCLAIM`) once it has been idle for the
+//!   [visibility timeout](RedisStreamSourceBuilder::visibility_timeout) (30 s by default).
+//! - **Long handlers**: the run resets the idle time of every entry it holds (`XCLAIM` to itself)
+//!   at a third of the visibility timeout, so no other consumer claims it meanwhile.
+//! - **Dead or rejected**: acknowledged, since the inbox has kept it.
+//! - **Attempt**: 1 for a new entry; for a claimed one, its delivery count (`XPENDING`).
+//! - **Backpressure**: each read asks for at most [`RedisStreamSourceBuilder::count`] entries.
+//! - **Reconnect**: the connections are [`ConnectionManager`]s, which reconnect by themselves;
+//!   errors meanwhile go to the run, which asks again after a growing delay. What was pending
+//!   when the connection dropped stays pending and is claimed again after the visibility timeout.
+//! - **Mapping**: an entry's field `payload` holds the bytes; the type tag and id are the fields
+//!   the [`HeaderNames`] name (the id falls back to the entry id); `produced_at` is the time in the
+//!   entry id; the stream key is the `destination` header; other text fields are headers. An
+//!   entry without a type tag is a delivery the run keeps as rejected, with its bytes.
+//!
+//! The consumers of one group share its entries. Redis has no way to keep an aggregate on one
+//! consumer of a group: shard by aggregate into several streams instead, one consumer each.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::future::BoxFuture;
+use inbox_core::Envelope;
+use redis::aio::ConnectionManager;
+use redis::streams::{
+    StreamAutoClaimOptions, StreamAutoClaimReply, StreamClaimOptions, StreamId,
+    StreamPendingCountReply, StreamReadOptions, StreamReadReply,
+};
+use redis::{AsyncCommands, Client, Value};
+
+use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
+
+/// The client this module speaks through, for its [`Client`].
+pub use redis;
+
+/// The entry field that holds a message's bytes.
+pub const PAYLOAD_FIELD: &str = "payload";
+
+/// One consumer of a consumer group on a Redis stream.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
+/// use inbox_runtime::redis::{RedisStreamSource, redis};
+///
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let source = RedisStreamSource::builder(&client, "orders", "billing", "billing-1")
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct RedisStreamSource {
+    reads: ConnectionManager,
+    acks: ConnectionManager,
+    entries: Entries,
+    headers: HeaderNames,
+    ready: VecDeque<Delivery>,
+    last_claim: Option<Instant>,
+}
+
+/// Where the source's entries are: the stream, the group and this consumer, and how long an
+/// entry stays with a consumer that does not settle it.
+#[derive(Clone)]
+struct Entries {
+    stream: String,
+    group: String,
+    consumer: String,
+    visibility: Duration,
+    count: usize,
+}
+
+/// Builds a [`RedisStreamSource`]: the group is created on the stream (and the stream with it)
+/// if it is not there, reading from the stream's start.
+pub struct RedisStreamSourceBuilder {
+    client: Client,
+    entries: Entries,
+    headers: HeaderNames,
+}
+
+impl RedisStreamSource {
+    /// The consumer `consumer` of `group` on `stream`. Give each process its own consumer name.
+    pub fn builder(
+        client: &Client,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+    ) -> RedisStreamSourceBuilder {
+        RedisStreamSourceBuilder {
+            client: client.clone(),
+            entries: Entries {
+                stream: stream.to_owned(),
+                group: group.to_owned(),
+                consumer: consumer.to_owned(),
+                visibility: Duration::from_secs(30),
+                count: 100,
+            },
+            headers: HeaderNames::default(),
+        }
+    }
+
+    /// Claims the entries idle past the visibility timeout, at most every quarter of it.
+    async fn claim_abandoned(&mut self) -> Result<(), SourceError> {
+        let entries = &self.entries;
+        if self
+            .last_claim
+            .is_some_and(|at| at.elapsed() < entries.visibility / 4)
+        {
+            return Ok(());
+        }
+        self.last_claim = Some(Instant::now());
+        let options = StreamAutoClaimOptions::default().count(entries.count);
+        let idle = millis(entries.visibility);
+        let claimed: StreamAutoClaimReply = self
+            .reads
+            .xautoclaim_options(
+                &entries.stream,
+                &entries.group,
+                &entries.consumer,
+                idle,
+                "0-0",
+                options,
+            )
+            .await?;
+        for entry in claimed.claimed {
+            let attempt = self.delivery_count(&entry.id).await?;
+            let delivery = self.delivery(entry, attempt);
+            self.ready.push_back(delivery);
+        }
+        Ok(())
+    }
+
+    /// How many times the group has delivered entry `id`.
+    async fn delivery_count(&mut self, id: &str) -> Result<u32, SourceError> {
+        let entries = &self.entries;
+        let pending: StreamPendingCountReply = self
+            .reads
+            .xpending_count(&entries.stream, &entries.group, id, id, 1)
+            .await?;
+        let count = pending.ids.first().map_or(1, |p| p.times_delivered);
+        Ok(u32::try_from(count).unwrap_or(u32::MAX).max(1))
+    }
+
+    /// Reads new entries, waiting up to a quarter of the visibility timeout (at most a second).
+    async fn read_new(&mut self) -> Result<(), SourceError> {
+        let entries = &self.entries;
+        let wait = (entries.visibility / 4).min(Duration::from_secs(1));
+        let options = StreamReadOptions::default()
+            .group(&entries.group, &entries.consumer)
+            .count(entries.count)
+            .block(millis(wait).max(1));
+        let read: Option<StreamReadReply> = self
+            .reads
+            .xread_options(&[&entries.stream], &[">"], &options)
+            .await?;
+        for key in read.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                let delivery = self.delivery(entry, 1);
+                self.ready.push_back(delivery);
+            }
+        }
+        Ok(())
+    }
+
+    /// A stream entry as a delivery.
+    fn delivery(&self, entry: StreamId, attempt: u32) -> Delivery {
+        let field = |name: &str| entry.get::<String>(name);
+        let message_type = field(&self.headers.message_type);
+        let id = field(&self.headers.message_id).unwrap_or_else(|| entry.id.clone());
+        let payload: Vec<u8> = entry.get(PAYLOAD_FIELD).unwrap_or_default();
+        let mut envelope = Envelope::new(message_type.clone().unwrap_or_default(), id, payload)
+            .with_header("destination", self.entries.stream.as_str());
+        if let Some(produced_at) = entry_time(&entry.id) {
+            envelope = envelope.with_produced_at(produced_at);
+        }
+        for (name, value) in &entry.map {
+            if let (false, Value::BulkString(bytes)) = (name == PAYLOAD_FIELD, value)
+                && let Ok(text) = std::str::from_utf8(bytes)
+            {
+                envelope = envelope.with_header(name.as_str(), text);
+            }
+        }
+        let acker = Box::new(RedisAcker {
+            acks: self.acks.clone(),
+            entries: self.entries.clone(),
+            id: entry.id.clone(),
+        });
+        match message_type {
+            Some(_) => Delivery::new(envelope, attempt, acker),
+            None => {
+                let reason = format!("it has no `{}` field", self.headers.message_type);
+                Delivery::unreadable(envelope, attempt, acker, reason)
+            }
+        }
+    }
+}
+
+/// `duration` in whole milliseconds.
+fn millis(duration: Duration) -> usize {
+    usize::try_from(duration.as_millis()).unwrap_or(usize::MAX)
+}
+
+/// When an entry was added, from its id (`<milliseconds>-<n>`).
+fn entry_time(id: &str) -> Option<SystemTime> {
+    let millis: u64 = id.split('-').next()?.parse().ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_millis(millis))
+}
+
+impl RedisStreamSourceBuilder {
+    /// How long an entry stays with a consumer that neither settles it nor reports it in
+    /// progress, before another consumer claims it (30 s by default).
+    pub fn visibility_timeout(mut self, visibility: Duration) -> Self {
+        self.entries.visibility = visibility.max(Duration::from_millis(100));
+        self
+    }
+
+    /// How many entries one read asks for (100 by default).
+    pub fn count(mut self, count: usize) -> Self {
+        self.entries.count = count.max(1);
+        self
+    }
+
+    /// The fields the type tag and id are read from.
+    pub fn headers(mut self, headers: HeaderNames) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Opens the connections and creates the group unless it is there.
+    pub async fn build(self) -> Result<RedisStreamSource, SourceError> {
+        let mut reads = ConnectionManager::new(self.client.clone()).await?;
+        let acks = ConnectionManager::new(self.client).await?;
+        let entries = &self.entries;
+        let created: redis::RedisResult<()> = reads
+            .xgroup_create_mkstream(&entries.stream, &entries.group, "0")
+            .await;
+        match created {
+            Err(error) if error.code() == Some("BUSYGROUP") => {}
+            other => other?,
+        }
+        Ok(RedisStreamSource {
+            reads,
+            acks,
+            entries: self.entries,
+            headers: self.headers,
+            ready: VecDeque::new(),
+            last_claim: None,
+        })
+    }
+}
+
+impl Source for RedisStreamSource {
+    async fn next(&mut self) -> Result<Option<Delivery>, SourceError> {
+        loop {
+            if let Some(delivery) = self.ready.pop_front() {
+                return Ok(Some(delivery));
+            }
+            self.claim_abandoned().await?;
+            if self.ready.is_empty() {
+                self.read_new().await?;
+            }
+        }
+    }
+
+    fn keep_alive(&self) -> Option<Duration> {
+        Some(self.entries.visibility / 3)
+    }
+
+    async fn drain(&mut self) {
+        for delivery in std::mem::take(&mut self.ready) {
+            let (_, _, acker) = delivery.into_parts();
+            if let Err(error) = acker.nack(Duration::ZERO).await {
+                tracing::warn!(%error, "could not hand a prefetched entry back");
+            }
+        }
+    }
+}
+
+/// Settles one pending entry.
+struct RedisAcker {
+    acks: ConnectionManager,
+    entries: Entries,
+    id: String,
+}
+
+impl RedisAcker {
+    /// Claims the entry for its own consumer, its idle time set to `idle`.
+    async fn set_idle(mut self, idle: Duration) -> Result<(), SourceError> {
+        let entries = &self.entries;
+        let options = StreamClaimOptions::default()
+            .idle(millis(idle))
+            .with_justid();
+        let _: Value = self
+            .acks
+            .xclaim_options(
+                &entries.stream,
+                &entries.group,
+                &entries.consumer,
+                0,
+                &[&self.id],
+                options,
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+impl Acknowledge for RedisAcker {
+    fn ack(mut self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async move {
+            let entries = &self.entries;
+            let _: i64 = self
+                .acks
+                .xack(&entries.stream, &entries.group, &[&self.id])
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>> {
+        let idle = self.entries.visibility.saturating_sub(delay);
+        Box::pin(self.set_idle(idle))
+    }
+
+    fn in_progress(&self) -> BoxFuture<'static, Result<(), SourceError>> {
+        let kept = RedisAcker {
+            acks: self.acks.clone(),
+            entries: self.entries.clone(),
+            id: self.id.clone(),
+        };
+        Box::pin(kept.set_idle(Duration::ZERO))
+    }
+}
+
+/// Adds envelopes to Redis streams (`XADD`): the bytes in [`PAYLOAD_FIELD`], the type tag, id and
+/// headers in fields of their own. `XADD` answers once the entry is in the stream.
+#[derive(Clone)]
+pub struct RedisStreamPublisher {
+    connection: ConnectionManager,
+    headers: HeaderNames,
+}
+
+impl RedisStreamPublisher {
+    /// A publisher over `client`, writing the type tag and id to the default [`HeaderNames`].
+    pub async fn new(client: &Client) -> Result<Self, SourceError> {
+        Ok(Self {
+            connection: ConnectionManager::new(client.clone()).await?,
+            headers: HeaderNames::default(),
+        })
+    }
+
+    /// Writes the type tag and id to these fields instead.
+    pub fn headers(mut self, headers: HeaderNames) -> Self {
+        self.headers = headers;
+        self
+    }
+}
+
+impl Publish for RedisStreamPublisher {
+    fn publish<'a>(
+        &'a self,
+        destination: &'a str,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let mut fields: Vec<(&str, &[u8])> = self
+                .headers
+                .of(envelope)
+                .map(|(name, value)| (name, value.as_bytes()))
+                .collect();
+            fields.push((PAYLOAD_FIELD, envelope.payload()));
+            let mut connection = self.connection.clone();
+            let _: String = connection.xadd(destination, "*", &fields).await?;
+            Ok(())
+        })
+    }
+}
