@@ -32,6 +32,7 @@ struct Features {
 
 /// A broker that counts deliveries, carries any headers, and takes back a delivery whose
 /// consumer did not settle it in time.
+#[cfg(any(feature = "nats", feature = "redis"))]
 const TAKES_BACK_IDLE: Features = Features {
     counts_attempts: true,
     carries_untagged: true,
@@ -69,6 +70,7 @@ struct Server {
 impl Server {
     /// Starts `program` with the arguments `args` makes of a free port and a fresh directory, or
     /// `None` (with a line saying so) when the program is not installed, unless under `CI=true`.
+    #[cfg(any(feature = "nats", feature = "redis"))]
     async fn start(program: &str, args: impl Fn(u16, &str) -> Vec<String>) -> Option<Server> {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("inbox_broker_{port}_{}", std::process::id()));
@@ -140,6 +142,7 @@ fn spawn(command: &[String]) -> std::io::Result<std::process::Child> {
 }
 
 /// A port below 32768 (under the ephemeral range) that nothing listens on now.
+#[cfg(any(feature = "nats", feature = "redis"))]
 fn free_port() -> u16 {
     let start = 20_000 + (std::process::id() % 10_000) as u16;
     (start..32_000)
