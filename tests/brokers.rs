@@ -52,6 +52,11 @@ trait TestBroker: Sized + Send + Sync {
     async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError>;
     /// Publishes `payload` with no type tag (only if `FEATURES.carries_untagged`).
     async fn publish_untagged(&self, payload: &[u8]);
+    /// A consumer in a second group, whose broker waits a minute before it takes back a delivery
+    /// left unsettled: what comes back sooner was handed back.
+    async fn patient_source(&self) -> Self::Source {
+        self.source().await
+    }
     /// A broker on a server of the suite's own, which the suite restarts; `None` where the suite
     /// does not run this broker itself.
     async fn on_own_server(_test: &str) -> Option<(Self, Server)> {
@@ -222,6 +227,14 @@ mod jetstream_broker {
         async fn source(&self) -> Self::Source {
             JetStreamSource::builder(&self.context, &self.stream, "group")
                 .ack_wait(Self::REDELIVERY)
+                .build()
+                .await
+                .expect("build the source")
+        }
+
+        async fn patient_source(&self) -> Self::Source {
+            JetStreamSource::builder(&self.context, &self.stream, "patient")
+                .ack_wait(Duration::from_secs(60))
                 .build()
                 .await
                 .expect("build the source")
@@ -412,6 +425,15 @@ mod redis_broker {
             );
             RedisStreamSource::builder(&self.client, &self.stream, "group", &consumer)
                 .visibility_timeout(Self::REDELIVERY)
+                .build()
+                .await
+                .expect("build the source")
+        }
+
+        async fn patient_source(&self) -> Self::Source {
+            let consumer = format!("patient-{}", self.consumers.fetch_add(1, Ordering::Relaxed));
+            RedisStreamSource::builder(&self.client, &self.stream, "patient", &consumer)
+                .visibility_timeout(Duration::from_secs(60))
                 .build()
                 .await
                 .expect("build the source")
@@ -848,6 +870,36 @@ mod suite {
         assert_applied_in_order(&pool, accounts, per_account).await;
     }
 
+    pub async fn a_shutdown_hands_back_what_was_prefetched<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_drain").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_drain").await else {
+            return;
+        };
+        let stream: Vec<Credited> = (0..40)
+            .map(|n| Credited::new(format!("e-{n}"), format!("acct-{n}"), 1, 1))
+            .collect();
+        publish_all(&broker, &stream).await;
+        let inbox = Inbox::builder(pool.clone())
+            .handler(credit)
+            .build()
+            .await
+            .unwrap();
+
+        let first = run_until_applied(&inbox, &pool, broker.patient_source().await, 5).await;
+        let within = tokio::time::timeout(Duration::from_secs(15), async {
+            run_until_applied(&inbox, &pool, broker.patient_source().await, 40).await
+        });
+        let second = within.await;
+
+        assert_eq!(
+            count(&pool, "applied").await,
+            40,
+            "what the first run fetched and did not handle came back only after the broker's timeout: {first:?} {second:?}"
+        );
+    }
+
     /// Publishes `envelope`, trying again while the broker's client reconnects.
     async fn publish_eventually<B: TestBroker>(broker: &B, envelope: &Envelope) {
         for _ in 0..100 {
@@ -912,7 +964,8 @@ macro_rules! conformance {
             a_delivery_without_a_type_tag_is_kept_as_rejected,
             a_run_killed_with_work_in_flight_loses_nothing,
             a_long_handler_keeps_its_delivery,
-            a_broker_restarted_mid_run_loses_nothing
+            a_broker_restarted_mid_run_loses_nothing,
+            a_shutdown_hands_back_what_was_prefetched
         );
     };
     (@tests $module:ident, $broker:ty: $($test:ident),*) => {

@@ -9,6 +9,9 @@
 //! - **Long handlers**: the run sends `+WPI` (in progress) for every delivery it holds, at a
 //!   third of `ack_wait`, so a slow handler or a delivery queued behind its aggregate keeps it.
 //! - **Dead or rejected**: `TERM`, the server stops redelivering it (the inbox has kept it).
+//! - **Shutdown**: what the pull fetched and the run did not take is handed back (`NAK`), for
+//!   another consumer once this pull's request has expired on the server (2 s), not after
+//!   `ack_wait`.
 //! - **Attempt**: the server's delivered count.
 //! - **Backpressure**: the consumer's `max_ack_pending` bounds what is in flight (1,000 by
 //!   default); the pull asks for at most [`JetStreamSourceBuilder::batch`] messages at a time.
@@ -31,14 +34,21 @@ use async_nats::jetstream::consumer::pull::{self, Stream as Messages};
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::message::{AckKind, Acker};
 use async_nats::jetstream::{self, Context};
+use futures::StreamExt;
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
 use inbox_core::Envelope;
 
 use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
 
 /// The client this module speaks through, for building its [`Context`].
 pub use async_nats;
+
+/// How long a drain waits for the pull's next fetched message before it takes the pull for empty.
+const DRAIN_WAIT: Duration = Duration::from_millis(200);
+
+/// How long one pull request stays open on the server: once the source is gone, the server may
+/// send it messages that long.
+const PULL_EXPIRES: Duration = Duration::from_secs(2);
 
 /// The header JetStream dedups published messages by, within the stream's duplicate window.
 const NATS_MSG_ID: &str = "Nats-Msg-Id";
@@ -95,7 +105,12 @@ impl JetStreamSource {
     /// Starts the pull that yields messages, unless it runs.
     async fn pull(&mut self) -> Result<(), SourceError> {
         if self.messages.is_none() {
-            let pull = self.consumer.stream().max_messages_per_batch(self.batch);
+            let pull = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(self.batch)
+                .expires(PULL_EXPIRES)
+                .heartbeat(PULL_EXPIRES / 4);
             self.messages = Some(pull.messages().await?);
         }
         Ok(())
@@ -176,12 +191,21 @@ impl Source for JetStreamSource {
         Some(self.keep_alive)
     }
 
+    /// Hands back what the pull has fetched: every message it yields within [`DRAIN_WAIT`] of
+    /// the last. Each is redelivered once the pull's request has expired on the server (so it
+    /// goes to a live consumer, not back to this pull, which ends here).
     async fn drain(&mut self) {
         let Some(mut messages) = self.messages.take() else {
             return;
         };
-        while let Some(Some(Ok(message))) = messages.next().now_or_never() {
-            if let Err(error) = message.ack_with(AckKind::Nak(None)).await {
+        loop {
+            let message = match tokio::time::timeout(DRAIN_WAIT, messages.next()).await {
+                Ok(Some(Ok(message))) => message,
+                Ok(Some(Err(_))) => continue,
+                Ok(None) | Err(_) => return,
+            };
+            let handed_back = message.ack_with(AckKind::Nak(Some(PULL_EXPIRES * 2)));
+            if let Err(error) = handed_back.await {
                 tracing::warn!(%error, "could not hand a prefetched message back");
             }
         }
