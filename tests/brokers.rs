@@ -99,6 +99,12 @@ impl Server {
         Some(server)
     }
 
+    /// The server's URL in `scheme`.
+    #[cfg(any(feature = "nats", feature = "redis"))]
+    fn url(&self, scheme: &str) -> String {
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
     async fn wait_until_up(&self) {
         for _ in 0..200 {
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
@@ -220,8 +226,7 @@ mod jetstream_broker {
                     .to_vec()
             };
             let server = Server::start("nats-server", args).await?;
-            let url = format!("nats://127.0.0.1:{}", server.port);
-            Some((Self::connect(&url, test).await, server))
+            Some((Self::connect(&server.url("nats"), test).await, server))
         }
 
         async fn source(&self) -> Self::Source {
@@ -414,8 +419,7 @@ mod redis_broker {
                     .collect()
             };
             let server = Server::start("redis-server", args).await?;
-            let url = format!("redis://127.0.0.1:{}", server.port);
-            Some((Self::connect(&url, test).await, server))
+            Some((Self::connect(&server.url("redis"), test).await, server))
         }
 
         async fn source(&self) -> Self::Source {

@@ -262,7 +262,7 @@ async fn route<DB: Backend, S: Source>(
         in_flight(&shared.consumer).increment(1.0);
         let pending = Arc::new(Pending::new(delivery, jobs.len(), room));
         if let Some(keeper) = keeper {
-            let held: Weak<dyn Held> = Arc::downgrade(&pending) as Weak<Pending>;
+            let held: Weak<Pending> = Arc::downgrade(&pending);
             keeper.hold(held);
         }
         for job in jobs {

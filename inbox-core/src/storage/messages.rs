@@ -109,11 +109,10 @@ async fn try_claim<DB: Backend>(
     claim: &Claim<'_>,
 ) -> Result<Option<Claimed>, sqlx::Error> {
     let sql = DB::SQL.messages;
-    let Some(found) = claim_or_seen(tx, claim).await? else {
-        return Ok(Some(Claimed::New));
-    };
-    let Some(found) = found else {
-        return Ok(None);
+    let found = match claim_or_seen(tx, claim).await? {
+        Inserted::New => return Ok(Some(Claimed::New)),
+        Inserted::NotVisible => return Ok(None),
+        Inserted::There(found) => found,
     };
     if !found.retry_due_for(claim) {
         return Ok(Some(Claimed::Seen(found)));
@@ -134,36 +133,41 @@ async fn try_claim<DB: Backend>(
     }
 }
 
-/// Inserts the claim's row (`None`), or reads the row already there: `Some(None)` for one that
-/// is there but not visible yet (committed after the statement began).
+/// What inserting a claim's dedup row found.
+enum Inserted {
+    /// The row is new.
+    New,
+    /// A row was there already.
+    There(Seen),
+    /// A row is there that this statement could not see (committed after it began).
+    NotVisible,
+}
+
+/// Inserts the claim's row, or reads the row already there.
 async fn claim_or_seen<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     claim: &Claim<'_>,
-) -> Result<Option<Option<Seen>>, sqlx::Error> {
+) -> Result<Inserted, sqlx::Error> {
     let sql = DB::SQL.messages;
     let params = claim_params(claim);
     if let Some(statement) = sql.claim_or_seen {
-        let row = sql::fetch_optional::<DB, ClaimedRow>(sql::conn(tx), statement, &params).await?;
-        return Ok(match row {
-            Some(ClaimedRow(found)) => found.map(Some),
-            None => Some(None),
-        });
+        let row = sql::fetch_optional::<DB, Inserted>(sql::conn(tx), statement, &params).await?;
+        return Ok(row.unwrap_or(Inserted::NotVisible));
     }
     if insert_unless_there::<DB>(sql::conn(tx), sql.claim, &params).await? {
-        return Ok(None);
+        return Ok(Inserted::New);
     }
-    Ok(Some(seen(tx, &claim.key()).await?))
+    let found = seen(tx, &claim.key()).await?;
+    Ok(found.map_or(Inserted::NotVisible, Inserted::There))
 }
 
 /// A row of [`MessageSql::claim_or_seen`](super::MessageSql::claim_or_seen): the row already
-/// there, or `None` (a status of `NULL`) for the one it inserted.
-struct ClaimedRow(Option<Seen>);
-
-impl FromColumns for ClaimedRow {
+/// there, or, with a status of `NULL`, the one it inserted.
+impl FromColumns for Inserted {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
         match row.maybe_text(1)? {
-            None => Ok(ClaimedRow(None)),
-            Some(_) => Seen::from_columns(row).map(Some).map(ClaimedRow),
+            None => Ok(Inserted::New),
+            Some(_) => Seen::from_columns(row).map(Inserted::There),
         }
     }
 }

@@ -287,9 +287,8 @@ impl AmqpPublisher {
 
     fn properties(&self, envelope: &Envelope) -> BasicProperties {
         let mut table = FieldTable::default();
-        let text = |value: &str| AMQPValue::LongString(value.into());
         for (name, value) in self.headers.of(envelope) {
-            table.insert(name.into(), text(value));
+            table.insert(name.into(), AMQPValue::LongString(value.into()));
         }
         let produced_at = envelope.produced_at().unwrap_or_else(SystemTime::now);
         let seconds = produced_at

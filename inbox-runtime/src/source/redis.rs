@@ -282,6 +282,7 @@ impl Source for RedisStreamSource {
 }
 
 /// Settles one pending entry.
+#[derive(Clone)]
 struct RedisAcker {
     acks: ConnectionManager,
     entries: Entries,
@@ -328,12 +329,7 @@ impl Acknowledge for RedisAcker {
     }
 
     fn in_progress(&self) -> BoxFuture<'static, Result<(), SourceError>> {
-        let kept = RedisAcker {
-            acks: self.acks.clone(),
-            entries: self.entries.clone(),
-            id: self.id.clone(),
-        };
-        Box::pin(kept.set_idle(Duration::ZERO))
+        Box::pin(self.clone().set_idle(Duration::ZERO))
     }
 }
 
