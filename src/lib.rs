@@ -102,6 +102,13 @@ pub use inbox_core::{
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;
 
+/// The outbox: [`outbox::publish`] writes a message in a transaction, a [`outbox::Relay`]
+/// publishes what committed through a [`Sink`].
+pub mod outbox {
+    pub use inbox_core::outbox::*;
+    pub use inbox_runtime::relay::{Relay, RelayBatch, RelayReport, Route};
+}
+
 /// Everything a handler module needs: `use inbox::prelude::*;`.
 pub mod prelude {
     pub use crate::{
@@ -121,4 +128,5 @@ pub mod __private {
         HandlerResult, Identifier, Identity, Message, Ordering, SequenceNumber,
     };
     pub use sqlx::Connection;
+    pub use std::borrow::Cow;
 }

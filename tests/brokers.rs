@@ -49,7 +49,7 @@ trait TestBroker: Sized + Send + Sync {
     async fn new(test: &str) -> Option<Self>;
     /// A consumer in the test's one consumer group.
     async fn source(&self) -> Self::Source;
-    async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError>;
+    async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError>;
     /// Publishes `payload` with no type tag (only if `FEATURES.carries_untagged`).
     async fn publish_untagged(&self, payload: &[u8]);
     /// A consumer in a second group, whose broker waits a minute before it takes back a delivery
@@ -182,7 +182,7 @@ impl TestBroker for Memory {
         self.0.source()
     }
 
-    async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+    async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
         self.0.publish(envelope.clone());
         Ok(())
     }
@@ -198,7 +198,7 @@ mod jetstream_broker {
 
     use inbox::nats::async_nats::jetstream::{self, stream};
     use inbox::nats::{JetStreamPublisher, JetStreamSource, async_nats};
-    use inbox::{Envelope, Publish};
+    use inbox::{Envelope, Sink};
 
     use super::{Features, Server, TestBroker};
 
@@ -245,7 +245,7 @@ mod jetstream_broker {
                 .expect("build the source")
         }
 
-        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
             let subject = format!("{}.events", self.stream);
             self.publisher.publish(&subject, envelope).await
         }
@@ -293,7 +293,7 @@ mod rabbitmq_broker {
     use inbox::amqp::lapin::types::{AMQPValue, FieldTable};
     use inbox::amqp::lapin::{self, BasicProperties, Connection, ConnectionProperties};
     use inbox::amqp::{AmqpPublisher, AmqpSource};
-    use inbox::{Envelope, Publish};
+    use inbox::{Envelope, Sink};
 
     use super::{Features, TestBroker};
 
@@ -353,7 +353,7 @@ mod rabbitmq_broker {
                 .expect("build the source")
         }
 
-        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
             self.publisher.publish(&self.queue, envelope).await
         }
 
@@ -376,7 +376,7 @@ mod redis_broker {
 
     use inbox::redis::redis::{self, AsyncCommands};
     use inbox::redis::{RedisStreamPublisher, RedisStreamSource};
-    use inbox::{Envelope, Publish};
+    use inbox::{Envelope, Sink};
 
     use super::{Features, Server, TestBroker};
 
@@ -443,7 +443,7 @@ mod redis_broker {
                 .expect("build the source")
         }
 
-        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SourceError> {
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
             self.publisher.publish(&self.stream, envelope).await
         }
 

@@ -6,7 +6,7 @@ use std::error::Error;
 use std::time::Duration;
 
 use inbox::prelude::*;
-use inbox::{Publish, Source};
+use inbox::{Sink, Source};
 use sqlx::{SqliteConnection, SqlitePool};
 
 /// A payment to an order, numbered 1, 2, 3, ... per order.
@@ -72,7 +72,7 @@ fn payments(orders: usize, per_order: i64) -> Vec<PaymentReceived> {
 /// into a fresh SQLite ledger, and prints the verdict; an inexact ledger is an error.
 pub async fn run<S: Source>(
     broker: &str,
-    publisher: &impl Publish,
+    publisher: &impl Sink,
     destination: &str,
     source: S,
 ) -> Result<(), Box<dyn Error + Send + Sync>> {

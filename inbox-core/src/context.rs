@@ -87,6 +87,23 @@ impl<'t, DB: Database> Context<'t, DB> {
     }
 }
 
+impl<DB: crate::Backend> Context<'_, DB> {
+    /// Writes `message` to the outbox in the guarded transaction: it is published (by a relay)
+    /// if and only if this message's handling commits. It carries the handled message's
+    /// correlation id ([`outbox::CORRELATION_ID`](crate::outbox::CORRELATION_ID), or its id if it
+    /// had none) and its id as causation id. Gives the id it is published under.
+    pub fn publish(
+        &mut self,
+        message: impl crate::outbox::IntoOutgoing,
+    ) -> impl Future<Output = Result<String, crate::Error>> + Send + '_ {
+        let outgoing = message
+            .into_outgoing()
+            .and_then(crate::outbox::Outgoing::checked)
+            .map(|outgoing| outgoing.caused_by(self.identity.message_id(), self.headers));
+        async move { crate::outbox::write::<DB>(&mut self.tx, &outgoing?).await }
+    }
+}
+
 impl<DB: Database> Deref for Context<'_, DB> {
     type Target = DB::Connection;
 

@@ -13,6 +13,7 @@ mod handler;
 mod identity;
 mod keys;
 mod message;
+pub mod outbox;
 mod outcome;
 mod process;
 mod retention;

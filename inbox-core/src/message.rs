@@ -19,6 +19,12 @@ use serde::de::DeserializeOwned;
 pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The stable type tag that envelopes carry for this message.
     const TYPE: &'static str;
+
+    /// The aggregate this message belongs to, which the outbox publishes it in order within
+    /// (`#[message(aggregate = "order_id")]`); `None` by default.
+    fn aggregate(&self) -> Option<Cow<'_, str>> {
+        None
+    }
 }
 
 /// A field type that can identify a message (`key`) or an aggregate (`aggregate`).

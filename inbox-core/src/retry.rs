@@ -93,12 +93,26 @@ impl RetryPolicy {
         if failed_attempts >= self.max_attempts {
             return None;
         }
+        Some(self.backoff_after(failed_attempts))
+    }
+
+    /// How long to wait after the `failed_attempts`-th failure, whatever the attempt limit: for
+    /// what is tried again without end (a broker that cannot be reached).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use inbox_core::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::new(2).backoff(Duration::from_secs(1), Duration::from_secs(5)).jitter(0.0);
+    /// assert_eq!(policy.backoff_after(9), Duration::from_secs(5));
+    /// ```
+    pub fn backoff_after(&self, failed_attempts: u32) -> Duration {
         let doublings = failed_attempts.saturating_sub(1).min(31);
         let delay = self
             .initial_delay
             .saturating_mul(1 << doublings)
             .min(self.max_delay);
         let spread = 1.0 + self.jitter * (2.0 * fastrand::f64() - 1.0);
-        Some(delay.mul_f64(spread))
+        delay.mul_f64(spread)
     }
 }

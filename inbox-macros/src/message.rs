@@ -1,17 +1,19 @@
 //! `#[derive(Message)]`: a stable type tag for a struct with named fields.
 
 use proc_macro2::TokenStream;
-use quote::quote;
-use syn::{Data, DeriveInput, Fields, LitStr};
+use quote::{quote, quote_spanned};
+use syn::{Data, DeriveInput, Fields, Ident, LitStr};
 
 use crate::attr::{Attr, crate_path, for_each_arg, string_value};
 use crate::ctxt::Ctxt;
-use crate::symbol::{self, CRATE, MESSAGE, NAME};
+use crate::symbol::{self, AGGREGATE, CRATE, MESSAGE, NAME};
 
 /// The derive's input after validation.
 struct MessageType<'a> {
     original: &'a DeriveInput,
     name: Option<LitStr>,
+    /// The field holding the aggregate, as the literal that named it (for its span).
+    aggregate: Option<LitStr>,
     krate: Option<syn::Path>,
 }
 
@@ -41,6 +43,7 @@ impl<'a> MessageType<'a> {
     /// Reads the `#[message(...)]` arguments, recording bad ones in `cx`.
     fn from_syn(cx: &Ctxt, original: &'a DeriveInput) -> Self {
         let mut name = Attr::none(cx, NAME);
+        let mut aggregate = Attr::none(cx, AGGREGATE);
         let mut krate = Attr::none(cx, CRATE);
         for attr in original
             .attrs
@@ -62,6 +65,11 @@ impl<'a> MessageType<'a> {
                             name.set(&pair.path, lit);
                         }
                     }
+                    AGGREGATE => {
+                        if let Some(lit) = aggregate_field(cx, original, &pair.value) {
+                            aggregate.set(&pair.path, lit);
+                        }
+                    }
                     _ => {
                         if let Some(path) = crate_path(cx, &pair.value) {
                             krate.set(&pair.path, path);
@@ -73,6 +81,7 @@ impl<'a> MessageType<'a> {
         Self {
             original,
             name: name.get(),
+            aggregate: aggregate.get(),
             krate: krate.get(),
         }
     }
@@ -87,13 +96,45 @@ impl<'a> MessageType<'a> {
             Some(name) => name.value(),
             None => ident.to_string(),
         };
+        let aggregate = self.aggregate.as_ref().map(|lit| {
+            let field = Ident::new(&lit.value(), lit.span());
+            quote_spanned! {lit.span()=>
+                fn aggregate(&self) -> ::core::option::Option<#krate::__private::Cow<'_, ::core::primitive::str>> {
+                    ::core::option::Option::Some(#krate::__private::Identifier::to_identifier(&self.#field))
+                }
+            }
+        });
         quote! {
             #[automatically_derived]
             impl #krate::__private::Message for #ident {
                 const TYPE: &'static ::core::primitive::str = #tag;
+                #aggregate
             }
         }
     }
+}
+
+/// The `aggregate` argument: the name of one of the struct's fields.
+fn aggregate_field(cx: &Ctxt, original: &DeriveInput, value: &syn::Expr) -> Option<LitStr> {
+    let lit = string_value(cx, AGGREGATE, value)?;
+    let Data::Struct(data) = &original.data else {
+        return None;
+    };
+    let known = data
+        .fields
+        .iter()
+        .filter_map(|field| field.ident.as_ref())
+        .any(|field| field == lit.value().as_str());
+    if !known {
+        let message = format!(
+            "`{}` has no field `{}`; `aggregate` names the field that holds the message's aggregate id",
+            original.ident,
+            lit.value()
+        );
+        cx.error_spanned_by(&lit, message);
+        return None;
+    }
+    Some(lit)
 }
 
 fn type_tag(cx: &Ctxt, value: &syn::Expr) -> Option<LitStr> {

@@ -19,7 +19,7 @@ pub const MESSAGE: Symbol = Symbol("message");
 pub const HANDLER_ARGS: &[Symbol] = &[KEY, SEQUENCE, AGGREGATE, ORDERING, GAP_TIMEOUT, NAME, CRATE];
 
 /// The arguments `#[message(...)]` accepts.
-pub const MESSAGE_ARGS: &[Symbol] = &[NAME, CRATE];
+pub const MESSAGE_ARGS: &[Symbol] = &[NAME, AGGREGATE, CRATE];
 
 impl PartialEq<Symbol> for syn::Path {
     fn eq(&self, word: &Symbol) -> bool {

@@ -8,6 +8,7 @@ mod builder;
 mod inbox;
 mod keep_alive;
 mod registry;
+pub mod relay;
 mod route;
 mod schedule;
 mod source;
@@ -25,5 +26,6 @@ pub use source::nats;
 #[cfg(feature = "redis")]
 pub use source::redis;
 pub use source::{
-    Acknowledge, Delivery, HeaderNames, MemoryBroker, MemorySource, Publish, Source, SourceError,
+    Acknowledge, Delivery, HeaderNames, MemoryBroker, MemorySource, Sink, SinkError, Source,
+    SourceError,
 };

@@ -9,11 +9,14 @@
 //! | [`streams`] | the guard, for aggregates | stream rows, strict ordering: park, release, gaps |
 //! | [`operators`] | operators, the CLI, gauges | dead letters, rejected deliveries, listings, counts |
 //! | [`purge`] | retention | purge batches, the purge leader |
+//! | [`outbox`] | the application, the relay, operators | outbox rows: write, claim, publish, retry |
 //! | [`schema`] | setup | migrations, the schema check, plain DDL |
 //!
 //! Adding a database means one new module implementing [`Backend`]; see `docs/storage.md`.
 
 use std::future::Future;
+
+use futures::stream::BoxStream;
 
 use sqlx::migrate::{Migrate, Migrator};
 use sqlx::{Connection, Database, IntoArguments, Pool, Transaction};
@@ -23,6 +26,7 @@ pub mod messages;
 #[cfg(feature = "mysql")]
 mod mysql;
 pub mod operators;
+pub mod outbox;
 mod postgres;
 pub mod purge;
 pub mod schema;
@@ -79,6 +83,15 @@ pub trait Backend:
 
     /// The schema as plain DDL, for teams that run their own migrations.
     fn schema_sql() -> &'static str;
+
+    /// A stream that yields whenever a transaction that wrote to the outbox commits, to wake
+    /// the relay; `None` (the default) where the database cannot say, and the relay polls.
+    fn outbox_wakeups(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Option<BoxStream<'static, ()>>> + Send {
+        let _ = pool;
+        async { None }
+    }
 }
 
 /// A statement that writes a row and gives back one of its columns: in one statement where the
@@ -108,6 +121,8 @@ pub struct Statements {
     pub operators: OperatorSql,
     /// The purge.
     pub purge: PurgeSql,
+    /// The outbox and its relay.
+    pub outbox: OutboxSql,
     /// A batch's claims and stream advances, many rows a statement; `None` where a statement
     /// cannot say which rows it wrote (MySQL): a batch there claims one message at a time.
     pub batch: Option<BatchSql>,
@@ -225,6 +240,34 @@ pub struct BatchSql {
     /// Creates or advances streams, writing only those whose sequence is newer; gives the keys
     /// it wrote ([`bulk::advance`]).
     pub advance: &'static str,
+}
+
+/// The statements on the outbox ([`outbox`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxSql {
+    /// Counts one more message of an aggregate, taking its row's lock until the transaction
+    /// ends; gives the message's sequence in its aggregate ([`outbox::write`]).
+    pub advance: Returning,
+    /// Writes a message ([`outbox::write`]).
+    pub insert: &'static str,
+    /// Locks the due pending messages that are first of their aggregate, in the order they were
+    /// written, skipping those another relay holds ([`outbox::claim`]).
+    pub claim: &'static str,
+    /// Marks a message published ([`outbox::mark_published`]).
+    pub published: &'static str,
+    /// Counts a failed publication and says when to try again, or that the relay gave up
+    /// ([`outbox::mark_failed`]).
+    pub failed: &'static str,
+    /// Messages of two statuses, in the order they were written ([`outbox::list`]).
+    pub list: &'static str,
+    /// Makes one failed message pending again ([`outbox::retry`]).
+    pub retry: &'static str,
+    /// Makes every failed message pending again ([`outbox::retry`]).
+    pub retry_all: &'static str,
+    /// Pending and failed messages, and when the oldest was written ([`outbox::backlog`]).
+    pub backlog: &'static str,
+    /// Deletes one batch of messages published before a time, oldest first ([`outbox::purge`]).
+    pub purge: &'static str,
 }
 
 /// The statements of the purge.

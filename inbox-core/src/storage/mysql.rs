@@ -22,8 +22,12 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::MySql;
 use sqlx::migrate::Migrator;
 
-use super::postgres::{overdue_gaps, parked_streams, releasable, select_stored};
-use super::{Backend, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql};
+use super::postgres::{
+    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_outbox, select_stored,
+};
+use super::{
+    Backend, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
+};
 
 /// `received_at` and `failed_at` as UTC text (the session's time zone is UTC).
 macro_rules! select_stored_utc {
@@ -179,8 +183,45 @@ const SQL: Statements = Statements {
         unlock: Some("SELECT RELEASE_LOCK(CONCAT('inbox_purge.', DATABASE()))"),
     },
     batch: None,
+    // A locking read locks no rows of its subqueries, so the order check sees the rows another
+    // relay holds. A purge deletes in order with a `LIMIT` of its own: MySQL takes none in a
+    // subquery of the table it deletes from.
+    outbox: OutboxSql {
+        advance: Returning::ThenRead {
+            write: "INSERT INTO inbox_outbox_streams (aggregate_id, last_sequence) VALUES (?, 1) \
+                ON DUPLICATE KEY UPDATE last_sequence = last_sequence + 1",
+            read: "SELECT last_sequence FROM inbox_outbox_streams WHERE aggregate_id = ?",
+        },
+        insert: "INSERT INTO inbox_outbox (id, message_type, destination, aggregate_id, aggregate_sequence, \
+            payload, headers, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        claim: concat!(
+            select_outbox!(),
+            "WHERE status = 'pending' AND due_at_ms <= ? AND ",
+            first_of_aggregate!(),
+            " ORDER BY position LIMIT ? FOR UPDATE SKIP LOCKED"
+        ),
+        published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = ?, \
+            attempts = attempts + 1, last_error = NULL WHERE position = ?",
+        failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = ?, due_at_ms = ?, \
+            status = ? WHERE position = ?",
+        list: concat!(
+            select_outbox!(),
+            "WHERE status IN (?, ?) ORDER BY position LIMIT ?"
+        ),
+        retry: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
+            WHERE id = ? AND status = 'failed'",
+        retry_all: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
+            WHERE status = 'failed'",
+        backlog: "SELECT COUNT(CASE WHEN status = 'pending' THEN 1 END), \
+            COUNT(CASE WHEN status = 'failed' THEN 1 END), MIN(created_at_ms) \
+            FROM inbox_outbox WHERE status <> 'published'",
+        purge: "DELETE FROM inbox_outbox WHERE status = 'published' AND published_at_ms < ? \
+            ORDER BY published_at_ms LIMIT ?",
+    },
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
+        s.last_sequence, r.reason, o.status, os.last_sequence \
+        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os \
+        WHERE 1 = 0",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::MySqlConnection`.
@@ -205,6 +246,9 @@ impl Backend for MySql {
     }
 
     fn schema_sql() -> &'static str {
-        include_str!("../../migrations/mysql/0001_inbox.sql")
+        concat!(
+            include_str!("../../migrations/mysql/0001_inbox.sql"),
+            include_str!("../../migrations/mysql/0002_outbox.sql"),
+        )
     }
 }

@@ -7,8 +7,29 @@ use sqlx::Postgres;
 use sqlx::migrate::Migrator;
 
 use super::{
-    Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Returning, Statements, StreamSql,
+    Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements,
+    StreamSql,
 };
+
+/// The columns of an `OutboxMessage`.
+macro_rules! select_outbox {
+    () => {
+        "SELECT position, id, message_type, destination, aggregate_id, aggregate_sequence, \
+         payload, headers, status, attempts, last_error, due_at_ms, created_at_ms, \
+         published_at_ms FROM inbox_outbox "
+    };
+}
+pub(super) use select_outbox;
+
+/// The claim's order check: no message of the row's aggregate written before it is unpublished.
+macro_rules! first_of_aggregate {
+    () => {
+        "(aggregate_id IS NULL OR NOT EXISTS (SELECT 1 FROM inbox_outbox e \
+         WHERE e.aggregate_id = inbox_outbox.aggregate_id AND e.status <> 'published' \
+         AND e.aggregate_sequence < inbox_outbox.aggregate_sequence))"
+    };
+}
+pub(super) use first_of_aggregate;
 
 /// The columns of a `StoredMessage`, with `received_at` and `failed_at` as UTC text.
 macro_rules! select_stored {
@@ -267,8 +288,42 @@ pub(super) const SQL: Statements = Statements {
             DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
             WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
     }),
+    outbox: OutboxSql {
+        advance: Returning::Inline(
+            "INSERT INTO inbox_outbox_streams (aggregate_id, last_sequence) VALUES ($1, 1) \
+             ON CONFLICT (aggregate_id) DO UPDATE SET last_sequence = inbox_outbox_streams.last_sequence + 1 \
+             RETURNING last_sequence",
+        ),
+        insert: "INSERT INTO inbox_outbox (id, message_type, destination, aggregate_id, aggregate_sequence, \
+            payload, headers, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        claim: concat!(
+            select_outbox!(),
+            "WHERE status = 'pending' AND due_at_ms <= $1 AND ",
+            first_of_aggregate!(),
+            " ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ),
+        published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = $1, \
+            attempts = attempts + 1, last_error = NULL WHERE position = $2",
+        failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = $1, due_at_ms = $2, \
+            status = $3 WHERE position = $4",
+        list: concat!(
+            select_outbox!(),
+            "WHERE status IN ($1, $2) ORDER BY position LIMIT $3"
+        ),
+        retry: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
+            WHERE id = $1 AND status = 'failed'",
+        retry_all: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
+            WHERE status = 'failed'",
+        backlog: "SELECT COUNT(CASE WHEN status = 'pending' THEN 1 END), \
+            COUNT(CASE WHEN status = 'failed' THEN 1 END), MIN(created_at_ms) \
+            FROM inbox_outbox WHERE status <> 'published'",
+        purge: "DELETE FROM inbox_outbox WHERE position IN (SELECT position FROM inbox_outbox \
+            WHERE status = 'published' AND published_at_ms < $1 ORDER BY published_at_ms LIMIT $2)",
+    },
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason FROM inbox_messages m, inbox_streams s, inbox_rejected r WHERE 1 = 0",
+        s.last_sequence, r.reason, o.status, os.last_sequence \
+        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os \
+        WHERE 1 = 0",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::PgConnection`.
@@ -292,6 +347,24 @@ impl Backend for Postgres {
         sqlx::migrate!("./migrations/postgres")
     }
 
+    /// `LISTEN inbox_outbox`, on a connection of its own; a lost connection ends the stream, and
+    /// the relay polls from then on.
+    async fn outbox_wakeups(
+        pool: &sqlx::Pool<Self>,
+    ) -> Option<futures::stream::BoxStream<'static, ()>> {
+        use futures::StreamExt;
+
+        let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.ok()?;
+        listener.listen("inbox_outbox").await.ok()?;
+        let notifications = listener.into_stream();
+        Some(
+            notifications
+                .take_while(|notification| std::future::ready(notification.is_ok()))
+                .map(drop)
+                .boxed(),
+        )
+    }
+
     fn schema_sql() -> &'static str {
         concat!(
             include_str!("../../migrations/postgres/0001_inbox.sql"),
@@ -299,6 +372,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0003_failures.sql"),
             include_str!("../../migrations/postgres/0004_operations.sql"),
             include_str!("../../migrations/postgres/0005_retries.sql"),
+            include_str!("../../migrations/postgres/0006_outbox.sql"),
         )
     }
 }

@@ -9,8 +9,12 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::Sqlite;
 use sqlx::migrate::Migrator;
 
-use super::postgres::{self, overdue_gaps, parked_streams, select_stored};
-use super::{Backend, BatchSql, MessageSql, OperatorSql, PurgeSql, Statements, StreamSql};
+use super::postgres::{
+    self, first_of_aggregate, overdue_gaps, parked_streams, select_outbox, select_stored,
+};
+use super::{
+    Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Statements, StreamSql,
+};
 
 /// SQLite's statements.
 const SQL: Statements = Statements {
@@ -92,6 +96,16 @@ const SQL: Statements = Statements {
             DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
             WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
     }),
+    // No row locks: the relay's transaction holds the one write lock instead.
+    outbox: OutboxSql {
+        claim: concat!(
+            select_outbox!(),
+            "INDEXED BY inbox_outbox_pending WHERE status = 'pending' AND due_at_ms <= $1 AND ",
+            first_of_aggregate!(),
+            " ORDER BY position LIMIT $2"
+        ),
+        ..postgres::SQL.outbox
+    },
     ..postgres::SQL
 };
 
@@ -123,6 +137,7 @@ impl Backend for Sqlite {
             include_str!("../../migrations/sqlite/0003_failures.sql"),
             include_str!("../../migrations/sqlite/0004_operations.sql"),
             include_str!("../../migrations/sqlite/0005_retries.sql"),
+            include_str!("../../migrations/sqlite/0006_outbox.sql"),
         )
     }
 }

@@ -39,9 +39,9 @@ use lapin::options::{
     ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{Acker, BasicProperties, Channel, Connection, Consumer};
+use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, Consumer};
 
-use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
+use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceError};
 
 /// The client this module speaks through, for its [`Connection`].
 pub use lapin;
@@ -304,28 +304,40 @@ impl AmqpPublisher {
     }
 }
 
-impl Publish for AmqpPublisher {
+impl Sink for AmqpPublisher {
     fn publish<'a>(
         &'a self,
         destination: &'a str,
         envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), SourceError>> {
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
+            // Mandatory: a message no queue takes comes back instead of vanishing.
+            let options = BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            };
             let confirm = self
                 .channel
                 .basic_publish(
                     self.exchange.as_str().into(),
                     destination.into(),
-                    BasicPublishOptions::default(),
+                    options,
                     envelope.payload(),
                     self.properties(envelope),
                 )
-                .await?;
-            let confirmation = confirm.await?;
-            if confirmation.is_nack() {
-                return Err(format!("the broker refused message `{}`", envelope.id()).into());
+                .await
+                .map_err(SinkError::unavailable)?;
+            match confirm.await.map_err(SinkError::unavailable)? {
+                Confirmation::Nack(_) => Err(SinkError::Refused(format!(
+                    "the broker did not take message `{}`",
+                    envelope.id()
+                ))),
+                Confirmation::Ack(Some(_)) => Err(SinkError::Refused(format!(
+                    "no queue takes routing key `{destination}` on exchange `{}`",
+                    self.exchange
+                ))),
+                Confirmation::Ack(None) | Confirmation::NotRequested => Ok(()),
             }
-            Ok(())
         })
     }
 }

@@ -115,6 +115,19 @@ impl MemoryBroker {
     }
 }
 
+/// Publishing to a memory broker enqueues the envelope, whatever the destination: the broker has
+/// one queue.
+impl super::Sink for MemoryBroker {
+    fn publish<'a>(
+        &'a self,
+        _destination: &'a str,
+        envelope: &'a Envelope,
+    ) -> futures::future::BoxFuture<'a, Result<(), super::SinkError>> {
+        MemoryBroker::publish(self, envelope.clone());
+        Box::pin(async { Ok(()) })
+    }
+}
+
 /// A consumer of a [`MemoryBroker`].
 pub struct MemorySource {
     shared: Arc<Shared>,

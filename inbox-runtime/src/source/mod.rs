@@ -105,15 +105,35 @@ impl Default for HeaderNames {
     }
 }
 
-/// Sends envelopes to a broker, each confirmed by the broker before `publish` returns.
-pub trait Publish: Send + Sync {
+/// Sends envelopes to a broker, each confirmed by the broker before `publish` returns: what the
+/// outbox relay publishes through, next to the [`Source`] the inbox consumes from.
+pub trait Sink: Send + Sync + 'static {
     /// Publishes `envelope` to `destination` (a subject, routing key or stream, as the broker
     /// names it), with its type tag, id and headers; returns once the broker has confirmed it.
     fn publish<'a>(
         &'a self,
         destination: &'a str,
         envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), SourceError>>;
+    ) -> BoxFuture<'a, Result<(), SinkError>>;
+}
+
+/// Why a [`Sink`] did not publish a message.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The broker refused this message (no stream or queue for its destination, a negative
+    /// confirm, a wrong type of key): publishing it again as it is will not help.
+    #[error("the broker refused the message: {0}")]
+    Refused(String),
+    /// The broker could not be reached, or did not confirm: publishing it again may work.
+    #[error("the broker did not confirm the message: {0}")]
+    Unavailable(SourceError),
+}
+
+impl SinkError {
+    /// The broker did not confirm, for `error`.
+    pub fn unavailable(error: impl Into<SourceError>) -> Self {
+        SinkError::Unavailable(error.into())
+    }
 }
 
 /// One message handed over by a source, with the means to settle it.

@@ -38,7 +38,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use inbox_core::Envelope;
 
-use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
+use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceError};
 
 /// The client this module speaks through, for building its [`Context`].
 pub use async_nats;
@@ -305,21 +305,34 @@ impl JetStreamPublisher {
     }
 }
 
-impl Publish for JetStreamPublisher {
+impl Sink for JetStreamPublisher {
     fn publish<'a>(
         &'a self,
         destination: &'a str,
         envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), SourceError>> {
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let payload = envelope.payload().to_vec().into();
             let subject = destination.to_owned();
             let sent = self
                 .context
                 .publish_with_headers(subject, self.header_map(envelope), payload)
-                .await?;
-            sent.await?;
+                .await
+                .map_err(publish_error)?;
+            sent.await.map_err(publish_error)?;
             Ok(())
         })
+    }
+}
+
+/// A stream that does not take the subject, or an expectation the stream refused, is a
+/// refusal; anything else (no connection, no ack in time) may pass on a later try.
+fn publish_error(error: async_nats::jetstream::context::PublishError) -> SinkError {
+    use async_nats::jetstream::context::PublishErrorKind;
+    match error.kind() {
+        PublishErrorKind::StreamNotFound
+        | PublishErrorKind::WrongLastMessageId
+        | PublishErrorKind::WrongLastSequence => SinkError::Refused(error.to_string()),
+        _ => SinkError::unavailable(error),
     }
 }

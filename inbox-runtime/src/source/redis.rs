@@ -35,7 +35,7 @@ use redis::streams::{
 };
 use redis::{AsyncCommands, Client, Value};
 
-use super::{Acknowledge, Delivery, HeaderNames, Publish, Source, SourceError};
+use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceError};
 
 /// The client this module speaks through, for its [`Client`].
 pub use redis;
@@ -357,12 +357,12 @@ impl RedisStreamPublisher {
     }
 }
 
-impl Publish for RedisStreamPublisher {
+impl Sink for RedisStreamPublisher {
     fn publish<'a>(
         &'a self,
         destination: &'a str,
         envelope: &'a Envelope,
-    ) -> BoxFuture<'a, Result<(), SourceError>> {
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let mut fields: Vec<(&str, &[u8])> = self
                 .headers
@@ -371,8 +371,22 @@ impl Publish for RedisStreamPublisher {
                 .collect();
             fields.push((PAYLOAD_FIELD, envelope.payload()));
             let mut connection = self.connection.clone();
-            let _: String = connection.xadd(destination, "*", &fields).await?;
-            Ok(())
+            let added: Result<String, _> = connection.xadd(destination, "*", &fields).await;
+            added.map(drop).map_err(xadd_error)
         })
+    }
+}
+
+/// An answer of the server (the key holds no stream, say) is a refusal; a connection that
+/// failed or timed out may pass on a later try.
+fn xadd_error(error: ::redis::RedisError) -> SinkError {
+    let unreachable = error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout();
+    if unreachable {
+        SinkError::unavailable(error)
+    } else {
+        SinkError::Refused(error.to_string())
     }
 }

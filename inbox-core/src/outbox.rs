@@ -1,0 +1,262 @@
+//! The outbox: what a transaction publishes commits with it.
+//!
+//! [`publish`] writes a message to the outbox table in the caller's transaction (a handler's
+//! [`Context::publish`](crate::Context::publish) does the same in the guarded one), so it exists
+//! exactly when the transaction's other writes do: a rollback publishes nothing, a commit
+//! publishes it at least once. A relay (`inbox::outbox::Relay`) then publishes the committed
+//! messages to a broker, in order per aggregate, under their outbox id as the envelope id, so
+//! that the inbox on the other side drops what the relay may publish twice.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), inbox_core::Error> {
+//! use inbox_core::{Message, outbox};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct OrderPlaced { order_id: String }
+//! impl Message for OrderPlaced { const TYPE: &'static str = "order.placed"; }
+//!
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! inbox_core::migrate(&pool).await?;
+//!
+//! let mut tx = pool.begin().await?;
+//! // ... the application's own writes ...
+//! let placed = OrderPlaced { order_id: "o-1".into() };
+//! outbox::publish(&mut *tx, outbox::Outgoing::encode(&placed)?.aggregate("o-1")).await?;
+//! tx.rollback().await?; // nothing was published
+//!
+//! let mut tx = pool.begin().await?;
+//! let id = outbox::publish(&mut *tx, &placed).await?;
+//! tx.commit().await?; // the relay publishes it, under `id`
+//! let pending = outbox::list(&pool, None, 10).await?;
+//! assert_eq!((pending.len(), pending[0].id.as_str()), (1, id.as_str()));
+//! # Ok(()) }
+//! ```
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use sqlx::Acquire;
+
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::identity::MAX_ID_LEN;
+use crate::keys::Headers;
+use crate::message::Message;
+use crate::storage::{self, Backend};
+
+pub use crate::storage::outbox::{OutboxBacklog, OutboxMessage, OutboxStatus};
+
+/// The header holding the id of the conversation a message belongs to: a handler's publications
+/// carry the correlation id of the message it handles, or that message's id if it had none.
+pub const CORRELATION_ID: &str = "correlation-id";
+
+/// The header holding the id of the message whose handling published this one.
+pub const CAUSATION_ID: &str = "causation-id";
+
+/// The header a relay publishes a message's aggregate under (the broker's partition key where
+/// it has one).
+pub const AGGREGATE_ID: &str = "aggregate-id";
+
+/// The header a relay publishes a message's place in its aggregate under (1, 2, 3, ...), which a
+/// receiving handler can take as its `sequence`.
+pub const AGGREGATE_SEQUENCE: &str = "aggregate-sequence";
+
+/// A message on its way to the outbox: its type tag, payload, headers, and optionally its
+/// aggregate (messages of one aggregate are published in the order they were written) and
+/// destination (where the relay publishes it, instead of where it routes the type).
+///
+/// ```
+/// use inbox_core::outbox::Outgoing;
+///
+/// let raw = Outgoing::new("order.placed", br#"{"order_id":"o-1"}"#.to_vec())
+///     .aggregate("o-1")
+///     .destination("orders")
+///     .with_header("tenant", "acme");
+/// assert_eq!(raw.aggregate_id(), Some("o-1"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    message_type: String,
+    payload: Vec<u8>,
+    headers: Headers,
+    aggregate: Option<String>,
+    destination: Option<String>,
+}
+
+impl Outgoing {
+    /// A message of type tag `message_type` with a payload already encoded.
+    pub fn new(message_type: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self {
+            message_type: message_type.into(),
+            payload,
+            headers: Headers::new(),
+            aggregate: None,
+            destination: None,
+        }
+    }
+
+    /// A typed message, encoded as JSON under its type tag, in its own aggregate if its type
+    /// names one (`#[message(aggregate = "field")]`).
+    pub fn encode<M: Message>(message: &M) -> Result<Self, Error> {
+        let envelope = Envelope::encode("", message)?;
+        let outgoing = Self::new(M::TYPE, envelope.payload().to_vec());
+        Ok(match message.aggregate() {
+            Some(aggregate) => outgoing.aggregate(aggregate),
+            None => outgoing,
+        })
+    }
+
+    /// Puts the message in `aggregate`'s stream: published after the aggregate's earlier
+    /// messages, and partitioned by it.
+    pub fn aggregate(mut self, aggregate: impl Into<String>) -> Self {
+        self.aggregate = Some(aggregate.into());
+        self
+    }
+
+    /// Publishes the message to `destination` (a subject, routing key or stream) rather than
+    /// where the relay routes its type.
+    pub fn destination(mut self, destination: impl Into<String>) -> Self {
+        self.destination = Some(destination.into());
+        self
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// The aggregate the message is published in order within, if any.
+    pub fn aggregate_id(&self) -> Option<&str> {
+        self.aggregate.as_deref()
+    }
+
+    /// Sets the headers a handler's publication carries from the message it handles, where the
+    /// writer did not set them.
+    pub(crate) fn caused_by(mut self, message_id: &str, headers: &Headers) -> Self {
+        let correlation = headers
+            .get(CORRELATION_ID)
+            .map_or(message_id, String::as_str);
+        for (name, value) in [(CORRELATION_ID, correlation), (CAUSATION_ID, message_id)] {
+            self.headers
+                .entry(name.to_owned())
+                .or_insert_with(|| value.to_owned());
+        }
+        self
+    }
+
+    /// This message, if its aggregate is one the outbox can keep.
+    pub(crate) fn checked(self) -> Result<Self, Error> {
+        match &self.aggregate {
+            Some(aggregate) if aggregate.is_empty() || aggregate.len() > MAX_ID_LEN => {
+                Err(Error::InvalidIdentity {
+                    what: "aggregate id",
+                    reason: format!(
+                        "an outbox aggregate must be 1 to {MAX_ID_LEN} bytes, not {}",
+                        aggregate.len()
+                    ),
+                })
+            }
+            _ => Ok(self),
+        }
+    }
+}
+
+impl From<Envelope> for Outgoing {
+    /// A raw envelope's type tag, payload and headers (the outbox gives it an id of its own).
+    fn from(envelope: Envelope) -> Self {
+        let mut outgoing = Outgoing::new(envelope.message_type(), envelope.payload().to_vec());
+        outgoing.headers = envelope.headers().clone();
+        outgoing
+    }
+}
+
+/// What [`publish`] takes: a typed message (`&M`), an [`Outgoing`], or a raw [`Envelope`].
+pub trait IntoOutgoing {
+    /// The message as it goes to the outbox.
+    fn into_outgoing(self) -> Result<Outgoing, Error>;
+}
+
+impl<M: Message> IntoOutgoing for &M {
+    fn into_outgoing(self) -> Result<Outgoing, Error> {
+        Outgoing::encode(self)
+    }
+}
+
+impl IntoOutgoing for Outgoing {
+    fn into_outgoing(self) -> Result<Outgoing, Error> {
+        Ok(self)
+    }
+}
+
+impl IntoOutgoing for Envelope {
+    fn into_outgoing(self) -> Result<Outgoing, Error> {
+        Ok(Outgoing::from(self))
+    }
+}
+
+/// Writes `message` to the outbox on `conn` (a transaction's connection, `&mut *tx`), where it
+/// commits or rolls back with the transaction's other writes; gives the id it is published
+/// under. A message of an aggregate holds the aggregate's outbox lock until the transaction
+/// ends, so that concurrent writers of one aggregate are published in the order they commit.
+pub fn publish<'c, A>(conn: A, message: impl IntoOutgoing) -> BoxFuture<'c, Result<String, Error>>
+where
+    A: Acquire<'c, Database: Backend> + Send + 'c,
+{
+    let outgoing = message.into_outgoing().and_then(Outgoing::checked);
+    Box::pin(async move {
+        let outgoing = outgoing?;
+        let mut conn = conn.acquire().await?;
+        write::<A::Database>(&mut conn, &outgoing).await
+    })
+}
+
+/// Writes `outgoing` on `conn`; gives its id.
+pub(crate) async fn write<DB: Backend>(
+    conn: &mut DB::Connection,
+    outgoing: &Outgoing,
+) -> Result<String, Error> {
+    let id = uuid::Uuid::now_v7().hyphenated().to_string();
+    let row = storage::outbox::NewOutboxMessage {
+        id: &id,
+        message_type: &outgoing.message_type,
+        destination: outgoing.destination.as_deref(),
+        aggregate_id: outgoing.aggregate.as_deref(),
+        payload: &outgoing.payload,
+        headers: &outgoing.headers,
+        now_ms: now_ms(),
+    };
+    storage::outbox::write::<DB>(conn, &row).await?;
+    Ok(id)
+}
+
+/// Up to `limit` outbox messages of `status` (or, with `None`, every one not published yet), in
+/// the order they were written.
+pub async fn list<DB: Backend>(
+    pool: &sqlx::Pool<DB>,
+    status: Option<OutboxStatus>,
+    limit: u32,
+) -> Result<Vec<OutboxMessage>, Error> {
+    Ok(storage::outbox::list(pool, status, limit).await?)
+}
+
+/// Makes the failed outbox message `id` (or, with `None`, every failed one) pending again, its
+/// attempts counted from zero; gives how many.
+pub async fn retry<DB: Backend>(pool: &sqlx::Pool<DB>, id: Option<&str>) -> Result<u64, Error> {
+    Ok(storage::outbox::retry(pool, id).await?)
+}
+
+/// What the outbox has not published: pending and failed messages, and the oldest one's age.
+pub async fn backlog<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<OutboxBacklog, Error> {
+    Ok(storage::outbox::backlog(pool).await?)
+}
+
+/// Now, in Unix epoch milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
+}

@@ -1,0 +1,330 @@
+//! The outbox relay: publishes what committed transactions wrote to the outbox, through a
+//! [`Sink`], at least once and in order per aggregate.
+//!
+//! Each batch is one transaction: it locks the due messages that are first of their aggregate
+//! (skipping those another relay holds), publishes them at once (they are of different
+//! aggregates, so their order does not matter), waits for the broker's confirms, and marks each
+//! confirmed one published before it commits. A relay that dies mid-batch commits nothing: its
+//! messages are published again by the next batch, under the same envelope id, and the inbox on
+//! the other side reports them as duplicates. A failed publication is tried again after a
+//! growing delay; one the broker keeps refusing is given up on after the retry policy's
+//! attempts and kept, with its error, for an operator (`inbox outbox list|retry`). Later
+//! messages of its aggregate wait behind it, so that its aggregate is never published out of
+//! order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use inbox_core::outbox::{OutboxMessage, now_ms};
+use inbox_core::storage::outbox as rows;
+use inbox_core::{Backend, Error, RetryPolicy};
+use sqlx::Pool;
+use tracing::Instrument;
+
+use crate::source::{Sink, SinkError};
+
+/// Where the relay publishes a message: a function of the message.
+pub type Route = Arc<dyn Fn(&OutboxMessage) -> String + Send + Sync>;
+
+/// Publishes the outbox through a [`Sink`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), inbox_core::Error> {
+/// use inbox_core::outbox;
+/// use inbox_runtime::{MemoryBroker, relay::Relay};
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// inbox_core::migrate(&pool).await?;
+/// let mut tx = pool.begin().await?;
+/// outbox::publish(&mut *tx, outbox::Outgoing::new("order.placed", b"{}".to_vec())).await?;
+/// tx.commit().await?;
+///
+/// let broker = MemoryBroker::new();
+/// let relay = Relay::new(pool, broker.clone());
+/// assert_eq!(relay.publish_batch().await?.published, 1);
+/// assert_eq!(broker.queued(), 1);
+/// # Ok(()) }
+/// ```
+pub struct Relay<DB: Backend, S: Sink> {
+    pool: Pool<DB>,
+    sink: Arc<S>,
+    route: Route,
+    batch_size: u32,
+    poll_interval: Duration,
+    publish_timeout: Duration,
+    retry: RetryPolicy,
+    retention: Duration,
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayBatch {
+    /// Messages claimed.
+    pub claimed: usize,
+    /// Messages published and marked so.
+    pub published: usize,
+    /// Messages whose publication failed (tried again later, or given up on).
+    pub failed: usize,
+}
+
+/// What a run did, once it stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Messages published.
+    pub published: u64,
+    /// Publications that failed.
+    pub failed: u64,
+}
+
+impl<DB: Backend, S: Sink> Relay<DB, S> {
+    /// Messages a batch claims by default.
+    pub const DEFAULT_BATCH_SIZE: u32 = 100;
+
+    /// How long published messages are kept by default: a week.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    /// A relay of the outbox in `pool` to `sink`. Each message goes to its own destination if its
+    /// writer gave one, else to its type tag (a subject, routing key or stream of that name);
+    /// [`Relay::route`] changes that.
+    pub fn new(pool: Pool<DB>, sink: S) -> Self {
+        Self {
+            pool,
+            sink: Arc::new(sink),
+            route: Arc::new(default_route),
+            batch_size: Self::DEFAULT_BATCH_SIZE,
+            poll_interval: Duration::from_millis(100),
+            publish_timeout: Duration::from_secs(30),
+            retry: RetryPolicy::new(10).backoff(Duration::from_secs(1), Duration::from_secs(300)),
+            retention: Self::DEFAULT_RETENTION,
+        }
+    }
+
+    /// Where messages without a destination of their own go.
+    ///
+    /// ```
+    /// # async fn demo(pool: sqlx::SqlitePool) {
+    /// use inbox_runtime::{MemoryBroker, relay::Relay};
+    ///
+    /// let relay = Relay::new(pool, MemoryBroker::new())
+    ///     .route(|message| format!("events.{}", message.message_type));
+    /// # }
+    /// ```
+    pub fn route(
+        mut self,
+        route: impl Fn(&OutboxMessage) -> String + Send + Sync + 'static,
+    ) -> Self {
+        let route = Arc::new(route);
+        self.route = Arc::new(move |message| match &message.destination {
+            Some(destination) => destination.clone(),
+            None => route(message),
+        });
+        self
+    }
+
+    /// At most `size` messages a batch (at least 1), all of different aggregates.
+    pub fn batch_size(mut self, size: u32) -> Self {
+        self.batch_size = size.max(1);
+        self
+    }
+
+    /// How often to look for new messages when nothing wakes the relay (PostgreSQL wakes it at
+    /// each commit that wrote to the outbox; other databases are polled).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long a publication may wait for the broker's confirm before it counts as failed.
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// When to try a failed publication again, and after how many refusals to give up on it.
+    /// A broker that cannot be reached never makes the relay give up: only refusals count.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// How long published messages are kept before the relay deletes them.
+    pub fn retention(mut self, window: Duration) -> Self {
+        self.retention = window;
+        self
+    }
+
+    /// Publishes one batch: what was due and first of its aggregate when it began.
+    pub async fn publish_batch(&self) -> Result<RelayBatch, Error> {
+        let mut tx = DB::begin(&self.pool).await?;
+        let claimed = rows::claim::<DB>(&mut tx, now_ms(), self.batch_size).await?;
+        let span = tracing::info_span!(
+            "outbox relay",
+            messaging.operation.type = "send",
+            messaging.operation.name = "publish",
+            messaging.batch.message_count = claimed.len(),
+        );
+        let sent = futures::future::join_all(claimed.iter().map(|message| self.send(message)))
+            .instrument(span)
+            .await;
+        let mut batch = RelayBatch {
+            claimed: claimed.len(),
+            ..RelayBatch::default()
+        };
+        for (message, result) in claimed.iter().zip(sent) {
+            match result {
+                Ok(()) => {
+                    let now = now_ms();
+                    rows::mark_published::<DB>(&mut tx, message.position, now).await?;
+                    let latency = (now - message.created_at_ms).max(0) as f64 / 1000.0;
+                    metrics::histogram!("inbox_outbox_publish_latency_seconds").record(latency);
+                    batch.published += 1;
+                }
+                Err(error) => {
+                    let due = self.due_after(message, &error);
+                    rows::mark_failed::<DB>(&mut tx, message.position, &error.to_string(), due)
+                        .await?;
+                    batch.failed += 1;
+                }
+            }
+        }
+        tx.commit().await?;
+        metrics::counter!("inbox_outbox_published_total").increment(batch.published as u64);
+        metrics::counter!("inbox_outbox_failed_total").increment(batch.failed as u64);
+        Ok(batch)
+    }
+
+    /// Publishes until `shutdown` resolves, finishing the batch in flight. Errors of the database
+    /// are logged and retried after a growing delay; they never end the run.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send) -> RelayReport {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut wakeups = DB::outbox_wakeups(&self.pool).await;
+        let mut report = RelayReport::default();
+        let mut failures = 0_u32;
+        let mut housekeeping = Housekeeping::default();
+        loop {
+            let wait = match self.publish_batch().await {
+                Ok(batch) => {
+                    failures = 0;
+                    report.published += batch.published as u64;
+                    report.failed += batch.failed as u64;
+                    if batch.claimed == self.batch_size as usize {
+                        Duration::ZERO
+                    } else {
+                        self.poll_interval
+                    }
+                }
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(%error, failures, "the outbox relay could not publish a batch");
+                    backoff(failures)
+                }
+            };
+            housekeeping.run(&self).await;
+            tokio::select! {
+                () = &mut shutdown => return report,
+                () = tokio::time::sleep(wait) => {}
+                () = wakeup(&mut wakeups), if !wait.is_zero() => {}
+            }
+        }
+    }
+
+    /// Publishes one message, waiting at most the publish timeout for its confirm.
+    fn send<'a>(&'a self, message: &'a OutboxMessage) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let destination = (self.route)(message);
+            let envelope = message.envelope();
+            let publish = self.sink.publish(&destination, &envelope);
+            match tokio::time::timeout(self.publish_timeout, publish).await {
+                Ok(result) => result,
+                Err(_) => Err(SinkError::unavailable(format!(
+                    "no confirm within {:?}",
+                    self.publish_timeout
+                ))),
+            }
+        })
+    }
+
+    /// When to try `message` again after `error`: `None` to give up on it, once the broker has
+    /// refused it as many times as the retry policy allows attempts.
+    fn due_after(&self, message: &OutboxMessage, error: &SinkError) -> Option<i64> {
+        let attempt = u32::try_from(message.attempts).unwrap_or(0) + 1;
+        let delay = match error {
+            SinkError::Refused(_) => self.retry.delay_after(attempt)?,
+            SinkError::Unavailable(_) => self.retry.backoff_after(attempt),
+        };
+        let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        Some(now_ms().saturating_add(delay))
+    }
+}
+
+/// The next wakeup; never, once the database stopped sending them (the relay polls then).
+async fn wakeup(wakeups: &mut Option<BoxStream<'static, ()>>) {
+    if let Some(stream) = wakeups {
+        if stream.next().await.is_some() {
+            return;
+        }
+        *wakeups = None;
+    }
+    std::future::pending().await
+}
+
+/// A message's own destination, else its type tag.
+fn default_route(message: &OutboxMessage) -> String {
+    message
+        .destination
+        .clone()
+        .unwrap_or_else(|| message.message_type.clone())
+}
+
+/// 100 ms after the first failure, doubling up to 10 s.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1 << failures.saturating_sub(1).min(7))
+        .min(Duration::from_secs(10))
+}
+
+/// What a running relay does now and then: the backlog gauge, and the purge of old published
+/// messages.
+#[derive(Default)]
+struct Housekeeping {
+    gauged: Option<Instant>,
+    purged: Option<Instant>,
+}
+
+impl Housekeeping {
+    const GAUGE_EVERY: Duration = Duration::from_secs(1);
+    const PURGE_EVERY: Duration = Duration::from_secs(3600);
+    const PURGE_BATCH: u32 = 5_000;
+
+    async fn run<DB: Backend, S: Sink>(&mut self, relay: &Relay<DB, S>) {
+        if due(&mut self.gauged, Self::GAUGE_EVERY) {
+            match rows::backlog(&relay.pool).await {
+                Ok(backlog) => {
+                    metrics::gauge!("inbox_outbox_pending").set(backlog.pending as f64);
+                    metrics::gauge!("inbox_outbox_failed").set(backlog.failed as f64);
+                }
+                Err(error) => tracing::warn!(%error, "could not count the outbox backlog"),
+            }
+        }
+        if due(&mut self.purged, Self::PURGE_EVERY) {
+            let window = i64::try_from(relay.retention.as_millis()).unwrap_or(i64::MAX);
+            let before = now_ms().saturating_sub(window);
+            if let Err(error) = rows::purge(&relay.pool, before, Self::PURGE_BATCH).await {
+                tracing::warn!(%error, "could not purge published outbox messages");
+            }
+        }
+    }
+}
+
+/// Whether `every` has passed since `last` (or it never ran), marking it run now if so.
+fn due(last: &mut Option<Instant>, every: Duration) -> bool {
+    let due = last.is_none_or(|last| last.elapsed() >= every);
+    if due {
+        *last = Some(Instant::now());
+    }
+    due
+}

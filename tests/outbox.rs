@@ -1,0 +1,311 @@
+//! The outbox on real databases: what a handler or an application transaction publishes exists
+//! exactly when the transaction commits; the relay publishes it at least once, in order per
+//! aggregate even with two relays at once; a relay that dies between publishing and marking
+//! publishes again, and the receiving inbox drops the copy; a message the broker refuses is kept
+//! with its error until an operator retries it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use inbox::prelude::*;
+use inbox::{Envelope, Sink, SinkError};
+
+/// What a handler publishes when it credits an account: in the account's aggregate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Message)]
+#[message(name = "test.receipt", aggregate = "account")]
+pub struct Receipt {
+    pub receipt_id: String,
+    pub account: String,
+    pub number: i64,
+}
+
+/// A sink that records what it was asked to publish, in the order the broker would see it,
+/// after a short random pause (so that publications of one batch, or of two relays, interleave),
+/// and can refuse one type of message, or stall after a number of publications (a relay that
+/// dies before it marks them).
+#[derive(Clone, Default)]
+pub struct Recorder {
+    published: Arc<Mutex<Vec<Envelope>>>,
+    refuse: Option<&'static str>,
+    unavailable: bool,
+    stall_after: Option<usize>,
+    stalled: Arc<tokio::sync::Notify>,
+}
+
+impl Recorder {
+    fn published(&self) -> Vec<Envelope> {
+        self.published.lock().unwrap().clone()
+    }
+
+    /// The aggregate sequences published, per aggregate, in the order they were published.
+    fn sequences(&self) -> BTreeMap<String, Vec<i64>> {
+        let mut sequences: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for envelope in self.published() {
+            let headers = envelope.headers();
+            let aggregate = headers[inbox::outbox::AGGREGATE_ID].clone();
+            let sequence = headers[inbox::outbox::AGGREGATE_SEQUENCE].parse().unwrap();
+            sequences.entry(aggregate).or_default().push(sequence);
+        }
+        sequences
+    }
+}
+
+impl Sink for Recorder {
+    fn publish<'a>(
+        &'a self,
+        _destination: &'a str,
+        envelope: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2_000))).await;
+            if self.unavailable {
+                return Err(SinkError::unavailable("connection refused"));
+            }
+            if self.refuse == Some(envelope.message_type()) {
+                return Err(SinkError::Refused("no stream takes this subject".into()));
+            }
+            let count = {
+                let mut published = self.published.lock().unwrap();
+                published.push(envelope.clone());
+                published.len()
+            };
+            if self.stall_after.is_some_and(|limit| count >= limit) {
+                self.stalled.notify_one();
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+macro_rules! outbox_suite {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
+        use std::time::Duration;
+
+        use inbox::outbox::{self, OutboxStatus, Outgoing, Relay};
+        use inbox::prelude::*;
+        use inbox::{Batch, MemoryBroker, RetryPolicy};
+
+        use super::{Receipt, Recorder};
+        use crate::common::ledger::Credited;
+
+        $crate::common::queries::ledger_queries!($db, $connect);
+
+        /// Credits nothing: publishes a receipt, then fails if the amount is negative.
+        #[inbox_handler(key = "event_id", aggregate = "account")]
+        async fn issue_receipt(ctx: &mut Context<'_, $db>, msg: Credited) -> Result<(), HandlerError> {
+            let receipt = Receipt {
+                receipt_id: format!("receipt-{}", msg.event_id),
+                account: msg.account.clone(),
+                number: msg.sequence,
+            };
+            ctx.publish(&receipt).await?;
+            if msg.amount < 0 {
+                return Err(HandlerError::msg("a negative credit"));
+            }
+            Ok(())
+        }
+
+        /// Records each receipt it receives once, keyed by its id.
+        #[inbox_handler(key = "receipt_id")]
+        async fn file_receipt(tx: &mut $conn, msg: Receipt) -> Result<(), HandlerError> {
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO audit_log (event_id, amount) VALUES ($1, $2)"))
+                .bind(msg.receipt_id)
+                .bind(msg.number)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        }
+
+        /// Writes `count` messages of each of `aggregates`, one transaction per message,
+        /// interleaving the aggregates.
+        async fn write_messages(pool: &Pool, aggregates: usize, count: i64) {
+            for number in 1..=count {
+                for aggregate in 0..aggregates {
+                    let account = format!("acct-{aggregate}");
+                    let receipt = Receipt { receipt_id: format!("{account}-{number}"), account, number };
+                    let mut tx = pool.begin().await.unwrap();
+                    outbox::publish(&mut *tx, &receipt).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+            }
+        }
+
+        async fn relay_all(relay: &Relay<$db, Recorder>) {
+            for _ in 0..1_000 {
+                if relay.publish_batch().await.unwrap().claimed == 0 {
+                    return;
+                }
+            }
+            panic!("the relay never ran out of messages");
+        }
+
+        #[tokio::test]
+        async fn a_rolled_back_handler_publishes_nothing_and_a_committed_one_publishes_once() {
+            let Some(pool) = ledger("outbox_rollback").await else { return };
+            for (mode, batch) in [("single", None), ("batched", Some(Batch::new(8)))] {
+                let broker = MemoryBroker::new();
+                let good = Credited::new(format!("{mode}-good"), format!("{mode}-a"), 1, 5);
+                let bad = Credited::new(format!("{mode}-bad"), format!("{mode}-b"), 1, -5);
+                for credit in [&good, &bad] {
+                    broker.publish(Envelope::encode(&credit.event_id, credit).unwrap().with_header(outbox::CORRELATION_ID, "checkout-7"));
+                }
+                broker.close();
+                let inbox = $crate::common::builder(&pool, batch)
+                    .handler(issue_receipt)
+                    .retry(RetryPolicy::new(1))
+                    .build()
+                    .await
+                    .unwrap();
+                inbox.run(broker.source()).await.unwrap();
+
+                let recorder = Recorder::default();
+                relay_all(&Relay::new(pool.clone(), recorder.clone())).await;
+                let published: Vec<_> = recorder.published().into_iter()
+                    .filter(|envelope| envelope.payload().windows(mode.len()).any(|w| w == mode.as_bytes()))
+                    .collect();
+                assert_eq!(published.len(), 1, "{mode}: only the committed handler's receipt is published");
+                let receipt: Receipt = published[0].decode().unwrap();
+                assert_eq!(receipt.receipt_id, format!("receipt-{mode}-good"));
+                let headers = published[0].headers();
+                assert_eq!(headers[outbox::CORRELATION_ID], "checkout-7", "{mode}: the correlation id is carried");
+                assert_eq!(headers[outbox::CAUSATION_ID], good.event_id, "{mode}: caused by the handled message");
+                assert_eq!(headers[outbox::AGGREGATE_ID], good.account, "{mode}: the message's own aggregate");
+            }
+        }
+
+        #[tokio::test]
+        async fn an_application_transaction_publishes_what_it_commits_under_the_outbox_id() {
+            let Some(pool) = ledger("outbox_application").await else { return };
+            let mut tx = pool.begin().await.unwrap();
+            outbox::publish(&mut *tx, Outgoing::new("test.ghost", b"{}".to_vec())).await.unwrap();
+            tx.rollback().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            let raw = Envelope::new("test.raw", "ignored", b"raw bytes".to_vec()).with_header("tenant", "acme");
+            let raw_id = outbox::publish(&mut *tx, raw).await.unwrap();
+            let typed = Receipt { receipt_id: "r-1".into(), account: "acct-1".into(), number: 1 };
+            let typed_id = outbox::publish(&mut *tx, &typed).await.unwrap();
+            tx.commit().await.unwrap();
+
+            let broker = MemoryBroker::new();
+            let relay = Relay::new(pool.clone(), broker.clone());
+            assert_eq!(relay.publish_batch().await.unwrap().published, 2);
+            assert_eq!(relay.publish_batch().await.unwrap().claimed, 0, "published messages are not claimed again");
+            broker.close();
+            let mut source = broker.source();
+            let first = inbox::Source::next(&mut source).await.unwrap().unwrap();
+            let second = inbox::Source::next(&mut source).await.unwrap().unwrap();
+            assert_eq!((first.envelope().id(), first.envelope().payload()), (raw_id.as_str(), &b"raw bytes"[..]));
+            assert_eq!(first.envelope().headers()["tenant"], "acme");
+            assert_eq!(second.envelope().id(), typed_id);
+            assert_eq!(second.envelope().decode::<Receipt>().unwrap(), typed);
+            assert_eq!(second.envelope().headers()[outbox::AGGREGATE_SEQUENCE], "1");
+            let backlog = outbox::backlog(&pool).await.unwrap();
+            assert_eq!((backlog.pending, backlog.failed, backlog.oldest_created_at_ms), (0, 0, None));
+        }
+
+        #[tokio::test]
+        async fn a_relay_that_dies_before_marking_publishes_again_and_the_inbox_drops_the_copy() {
+            let Some(pool) = ledger("outbox_crash").await else { return };
+            write_messages(&pool, 3, 1).await;
+            let dying = Recorder { stall_after: Some(2), ..Recorder::default() };
+            let relay = Relay::new(pool.clone(), dying.clone());
+            let batch = tokio::spawn(async move { relay.publish_batch().await });
+            dying.stalled.notified().await;
+            batch.abort();
+            assert!(batch.await.unwrap_err().is_cancelled());
+            assert_eq!(outbox::backlog(&pool).await.unwrap().pending, 3, "the dead relay marked nothing");
+
+            let recorder = Recorder::default();
+            relay_all(&Relay::new(pool.clone(), recorder.clone())).await;
+            let mut outcomes = Vec::new();
+            for envelope in dying.published().into_iter().chain(recorder.published()) {
+                let receipt: Receipt = envelope.decode().unwrap();
+                outcomes.push(file_receipt.process(&pool, receipt).await.unwrap());
+            }
+            let count = |outcome| outcomes.iter().filter(|o| **o == outcome).count();
+            assert!(dying.published().len() >= 2, "the dead relay had published before it died");
+            assert_eq!(count(Outcome::Processed), 3, "each message is handled once");
+            assert_eq!(count(Outcome::Duplicate), dying.published().len(), "each copy is a duplicate");
+        }
+
+        #[tokio::test]
+        async fn two_relays_never_reorder_an_aggregate() {
+            let Some(pool) = ledger("outbox_two_relays").await else { return };
+            let (aggregates, count) = (3, 20);
+            write_messages(&pool, aggregates, count).await;
+            let recorder = Recorder::default();
+            let relays = [pool.clone(), second_pool(&pool).await].map(|pool| {
+                let relay = Relay::new(pool, recorder.clone()).batch_size(8).poll_interval(Duration::from_millis(5));
+                let stop = published_all(&recorder, aggregates * count as usize);
+                tokio::spawn(relay.run(stop))
+            });
+            let mut published = 0;
+            for relay in relays {
+                let report = tokio::time::timeout(Duration::from_secs(60), relay).await.unwrap().unwrap();
+                published += report.published;
+            }
+            assert_eq!(published, (aggregates * count as usize) as u64, "each message is published once");
+            let expected: Vec<i64> = (1..=count).collect();
+            for (aggregate, sequences) in recorder.sequences() {
+                assert_eq!(sequences, expected, "{aggregate} is published in the order it was written");
+            }
+        }
+
+        /// Resolves once `recorder` has seen `total` publications.
+        fn published_all(recorder: &Recorder, total: usize) -> impl std::future::Future<Output = ()> + Send + 'static {
+            let recorder = recorder.clone();
+            async move {
+                while recorder.published().len() < total {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+
+        #[tokio::test]
+        async fn a_refused_message_is_kept_with_its_error_and_holds_back_its_aggregate_until_retried() {
+            let Some(pool) = ledger("outbox_refused").await else { return };
+            let mut tx = pool.begin().await.unwrap();
+            outbox::publish(&mut *tx, Outgoing::new("test.poison", b"{}".to_vec()).aggregate("acct-1")).await.unwrap();
+            let follower = Receipt { receipt_id: "r-2".into(), account: "acct-1".into(), number: 2 };
+            outbox::publish(&mut *tx, &follower).await.unwrap();
+            tx.commit().await.unwrap();
+
+            let quick = RetryPolicy::new(2).backoff(Duration::from_millis(1), Duration::from_millis(1));
+            let down = Recorder { unavailable: true, ..Recorder::default() };
+            let relay = Relay::new(pool.clone(), down.clone()).retry(quick);
+            for _ in 0..4 {
+                relay.publish_batch().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let waiting = outbox::list(&pool, None, 10).await.unwrap();
+            assert_eq!(waiting[0].status, OutboxStatus::Pending, "an unreachable broker is never given up on");
+            assert!(waiting[0].attempts >= 2);
+
+            let refusing = Recorder { refuse: Some("test.poison"), ..Recorder::default() };
+            let relay = Relay::new(pool.clone(), refusing.clone()).retry(quick);
+            for _ in 0..4 {
+                relay.publish_batch().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let failed = outbox::list(&pool, Some(OutboxStatus::Failed), 10).await.unwrap();
+            assert_eq!(failed.len(), 1, "the refused message is kept");
+            assert_eq!(failed[0].message_type, "test.poison");
+            assert!(failed[0].last_error.as_deref().unwrap().contains("no stream takes this subject"));
+            assert!(refusing.published().is_empty(), "its aggregate's later message waits behind it");
+            assert_eq!(outbox::backlog(&pool).await.unwrap().failed, 1);
+
+            assert_eq!(outbox::retry(&pool, Some(&failed[0].id)).await.unwrap(), 1);
+            let healthy = Recorder::default();
+            relay_all(&Relay::new(pool.clone(), healthy.clone())).await;
+            let types: Vec<_> = healthy.published().iter().map(|e| e.message_type().to_owned()).collect();
+            assert_eq!(types, ["test.poison", "test.receipt"], "retried, then its follower, in order");
+        }
+    };
+}
+
+common::on_every_backend!(outbox_suite);
