@@ -28,6 +28,9 @@ struct Features {
     carries_untagged: bool,
     /// Takes a delivery back after a timeout unless it is reported in progress.
     redelivers_on_timeout: bool,
+    /// Drops a message published again under an id it holds already (JetStream's
+    /// `Nats-Msg-Id`), so the consumer never sees the copy.
+    drops_republished: bool,
 }
 
 /// A broker that counts deliveries, carries any headers, and takes back a delivery whose
@@ -37,11 +40,14 @@ const TAKES_BACK_IDLE: Features = Features {
     counts_attempts: true,
     carries_untagged: true,
     redelivers_on_timeout: true,
+    drops_republished: false,
 };
 
 /// A broker of the test's own (its own stream, queue or key), as the suite drives it.
 trait TestBroker: Sized + Send + Sync {
     type Source: Source;
+    /// The broker's publisher, for the outbox relay.
+    type Sink: inbox::Sink;
     const FEATURES: Features;
     /// How long an unsettled delivery takes to come back once its consumer is gone.
     const REDELIVERY: Duration;
@@ -50,6 +56,14 @@ trait TestBroker: Sized + Send + Sync {
     /// A consumer in the test's one consumer group.
     async fn source(&self) -> Self::Source;
     async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError>;
+    /// The publisher the outbox relay publishes through.
+    async fn sink(&self) -> Self::Sink;
+    /// Where a relay publishes for this broker's sources to consume it.
+    fn destination(&self) -> String;
+    /// A destination the broker refuses to take a message for, or `None` where it takes any.
+    async fn refused_destination(&self) -> Option<String> {
+        None
+    }
     /// Publishes `payload` with no type tag (only if `FEATURES.carries_untagged`).
     async fn publish_untagged(&self, payload: &[u8]);
     /// A consumer in a second group, whose broker waits a minute before it takes back a delivery
@@ -167,10 +181,12 @@ struct Memory(MemoryBroker);
 
 impl TestBroker for Memory {
     type Source = inbox::MemorySource;
+    type Sink = MemoryBroker;
     const FEATURES: Features = Features {
         counts_attempts: true,
         carries_untagged: false,
         redelivers_on_timeout: false,
+        drops_republished: false,
     };
     const REDELIVERY: Duration = Duration::from_millis(50);
 
@@ -185,6 +201,14 @@ impl TestBroker for Memory {
     async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
         self.0.publish(envelope.clone());
         Ok(())
+    }
+
+    async fn sink(&self) -> MemoryBroker {
+        self.0.clone()
+    }
+
+    fn destination(&self) -> String {
+        "the queue".to_owned()
     }
 
     async fn publish_untagged(&self, _payload: &[u8]) {
@@ -211,7 +235,11 @@ mod jetstream_broker {
 
     impl TestBroker for JetStream {
         type Source = JetStreamSource;
-        const FEATURES: Features = super::TAKES_BACK_IDLE;
+        type Sink = JetStreamPublisher;
+        const FEATURES: Features = Features {
+            drops_republished: true,
+            ..super::TAKES_BACK_IDLE
+        };
         const REDELIVERY: Duration = Duration::from_secs(1);
 
         async fn new(test: &str) -> Option<Self> {
@@ -246,8 +274,19 @@ mod jetstream_broker {
         }
 
         async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
-            let subject = format!("{}.events", self.stream);
-            self.publisher.publish(&subject, envelope).await
+            self.publisher.publish(&self.destination(), envelope).await
+        }
+
+        async fn sink(&self) -> JetStreamPublisher {
+            self.publisher.clone()
+        }
+
+        fn destination(&self) -> String {
+            format!("{}.events", self.stream)
+        }
+
+        async fn refused_destination(&self) -> Option<String> {
+            Some(format!("NO_STREAM_{}.events", self.stream))
         }
 
         async fn publish_untagged(&self, payload: &[u8]) {
@@ -307,10 +346,12 @@ mod rabbitmq_broker {
 
     impl TestBroker for RabbitMq {
         type Source = AmqpSource;
+        type Sink = AmqpPublisher;
         const FEATURES: Features = Features {
             counts_attempts: true,
             carries_untagged: true,
             redelivers_on_timeout: false,
+            drops_republished: false,
         };
         const REDELIVERY: Duration = Duration::from_millis(300);
 
@@ -357,6 +398,20 @@ mod rabbitmq_broker {
             self.publisher.publish(&self.queue, envelope).await
         }
 
+        async fn sink(&self) -> AmqpPublisher {
+            AmqpPublisher::new(&self.connection, "")
+                .await
+                .expect("a publisher")
+        }
+
+        fn destination(&self) -> String {
+            self.queue.clone()
+        }
+
+        async fn refused_destination(&self) -> Option<String> {
+            Some(format!("{}-no-such-queue", self.queue))
+        }
+
         async fn publish_untagged(&self, payload: &[u8]) {
             let options = BasicPublishOptions::default();
             let properties = BasicProperties::default();
@@ -391,6 +446,7 @@ mod redis_broker {
 
     impl TestBroker for RedisStreams {
         type Source = RedisStreamSource;
+        type Sink = RedisStreamPublisher;
         const FEATURES: Features = super::TAKES_BACK_IDLE;
         const REDELIVERY: Duration = Duration::from_secs(1);
 
@@ -445,6 +501,28 @@ mod redis_broker {
 
         async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
             self.publisher.publish(&self.stream, envelope).await
+        }
+
+        async fn sink(&self) -> RedisStreamPublisher {
+            self.publisher.clone()
+        }
+
+        fn destination(&self) -> String {
+            self.stream.clone()
+        }
+
+        async fn refused_destination(&self) -> Option<String> {
+            let key = format!("{}-a-string", self.stream);
+            let mut connection = self
+                .client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            let _: () = connection
+                .set_ex(&key, "not a stream", 600)
+                .await
+                .expect("SET");
+            Some(key)
         }
 
         async fn publish_untagged(&self, payload: &[u8]) {
@@ -585,7 +663,7 @@ mod suite {
     use super::*;
 
     /// Says, where a reader sees it, that a test does not apply to a broker.
-    fn not_promised<B: TestBroker>(what: &str) {
+    pub fn not_promised<B: TestBroker>(what: &str) {
         eprintln!(
             "SKIPPED for {}: it never {what}",
             std::any::type_name::<B>()
@@ -955,33 +1033,180 @@ mod suite {
     }
 }
 
+/// The outbox relay through each broker's publisher.
+mod relay {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::future::BoxFuture;
+    use inbox::outbox::{self, OutboxStatus, Outgoing, Relay};
+    use inbox::{RetryPolicy, Sink, SinkError};
+
+    use super::*;
+
+    /// A publisher that stops answering after `publications`: a relay killed between the broker's
+    /// confirm and its commit.
+    struct Dying<S> {
+        sink: S,
+        publications: AtomicUsize,
+        sent: Arc<AtomicUsize>,
+        died: Arc<tokio::sync::Notify>,
+    }
+
+    impl<S: Sink> Sink for Dying<S> {
+        fn publish<'a>(
+            &'a self,
+            destination: &'a str,
+            envelope: &'a Envelope,
+        ) -> BoxFuture<'a, Result<(), SinkError>> {
+            Box::pin(async move {
+                self.sink.publish(destination, envelope).await?;
+                self.sent.fetch_add(1, Ordering::SeqCst);
+                if self.publications.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    self.died.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                Ok(())
+            })
+        }
+    }
+
+    /// Writes `events` to the outbox, each to `destination`, in one transaction.
+    async fn write(pool: &Pool, events: &[Credited], destination: &str) {
+        let mut tx = pool.begin().await.expect("begin");
+        for event in events {
+            let outgoing = Outgoing::encode(event)
+                .expect("encode")
+                .destination(destination);
+            outbox::publish(&mut *tx, outgoing)
+                .await
+                .expect("write to the outbox");
+        }
+        tx.commit().await.expect("commit");
+    }
+
+    pub async fn a_relay_killed_before_marking_publishes_again_and_the_inbox_drops_the_copies<
+        B: TestBroker,
+    >() {
+        let Some(broker) = B::new("conformance_relay_crash").await else {
+            return;
+        };
+        let pool = ledger("conformance_relay_crash").await.expect("SQLite");
+        let events: Vec<_> = (1..=5)
+            .map(|n| Credited::new(format!("e-{n}"), format!("acct-{n}"), 1, n))
+            .collect();
+        write(&pool, &events, &broker.destination()).await;
+
+        let died = Arc::new(tokio::sync::Notify::new());
+        let sent = Arc::new(AtomicUsize::new(0));
+        let dying = Dying {
+            sink: broker.sink().await,
+            publications: AtomicUsize::new(3),
+            sent: Arc::clone(&sent),
+            died: Arc::clone(&died),
+        };
+        let relay = Relay::new(pool.clone(), dying);
+        let batch = tokio::spawn(async move { relay.publish_batch().await });
+        died.notified().await;
+        batch.abort();
+        assert!(batch.await.is_err_and(|e| e.is_cancelled()));
+
+        let relay = Relay::new(pool.clone(), broker.sink().await);
+        assert_eq!(relay.publish_batch().await.expect("relay").published, 5);
+        let inbox = Inbox::builder(pool.clone())
+            .handler(credit)
+            .build()
+            .await
+            .expect("build");
+        let mut report = run_until_applied(&inbox, &pool, broker.source().await, 5).await;
+        // The copies may come after the last message applied: consume a moment longer.
+        let linger = tokio::time::sleep(Duration::from_secs(1));
+        let rest = inbox
+            .run_until(broker.source().await, linger)
+            .await
+            .expect("run");
+        for (outcome, count) in rest.outcomes {
+            *report.outcomes.entry(outcome).or_default() += count;
+        }
+        assert_eq!(
+            report.outcomes.get("processed"),
+            Some(&5),
+            "each message applies once"
+        );
+        let sent = sent.load(Ordering::SeqCst) as u64;
+        assert!(sent >= 3, "the dead relay published before it died");
+        let copies = report.outcomes.get("duplicate").copied();
+        if B::FEATURES.drops_republished {
+            assert_eq!(copies, None, "the broker dropped the copies");
+        } else {
+            // What the dead relay had sent when it died: at least what was confirmed.
+            let copies = copies.unwrap_or(0);
+            assert!(
+                (sent..=5).contains(&copies),
+                "{copies} copies, {sent} confirmed"
+            );
+        }
+        assert_eq!(count(&pool, "applied").await, 5);
+    }
+
+    pub async fn a_message_the_broker_refuses_is_kept_with_its_error<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_relay_refused").await else {
+            return;
+        };
+        let Some(refused) = broker.refused_destination().await else {
+            return suite::not_promised::<B>("refuses a message");
+        };
+        let pool = ledger("conformance_relay_refused").await.expect("SQLite");
+        write(&pool, &[Credited::new("e-1", "acct", 1, 1)], &refused).await;
+        let relay = Relay::new(pool.clone(), broker.sink().await)
+            .retry(RetryPolicy::new(1))
+            .publish_timeout(Duration::from_secs(10));
+        assert_eq!(relay.publish_batch().await.expect("relay").failed, 1);
+        let failed = outbox::list(&pool, Some(OutboxStatus::Failed), 10)
+            .await
+            .expect("list");
+        assert_eq!(failed.len(), 1, "the refused message is kept, given up on");
+        assert!(
+            failed[0]
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused")),
+            "{:?}",
+            failed[0].last_error
+        );
+    }
+}
+
 /// The suite's tests for one broker, in a module named after it.
 macro_rules! conformance {
     ($module:ident, $broker:ty) => {
-        conformance!(@tests $module, $broker:
-            consumes_what_was_published_with_payload_and_headers,
-            a_nacked_delivery_comes_again,
-            an_unsettled_delivery_goes_to_the_next_consumer,
-            an_acked_delivery_never_comes_again,
-            a_shuffled_duplicated_stream_keeps_the_ledger_exact,
-            two_consumers_in_one_group_apply_each_message_once,
-            a_delivery_without_a_type_tag_is_kept_as_rejected,
-            a_run_killed_with_work_in_flight_loses_nothing,
-            a_long_handler_keeps_its_delivery,
-            a_broker_restarted_mid_run_loses_nothing,
-            a_shutdown_hands_back_what_was_prefetched
-        );
-    };
-    (@tests $module:ident, $broker:ty: $($test:ident),*) => {
         mod $module {
-            use super::suite;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    suite::$test::<$broker>().await
-                }
-            )*
+            conformance!(@each $broker, suite:
+                consumes_what_was_published_with_payload_and_headers,
+                a_nacked_delivery_comes_again,
+                an_unsettled_delivery_goes_to_the_next_consumer,
+                an_acked_delivery_never_comes_again,
+                a_shuffled_duplicated_stream_keeps_the_ledger_exact,
+                two_consumers_in_one_group_apply_each_message_once,
+                a_delivery_without_a_type_tag_is_kept_as_rejected,
+                a_run_killed_with_work_in_flight_loses_nothing,
+                a_long_handler_keeps_its_delivery,
+                a_broker_restarted_mid_run_loses_nothing,
+                a_shutdown_hands_back_what_was_prefetched
+            );
+            conformance!(@each $broker, relay:
+                a_relay_killed_before_marking_publishes_again_and_the_inbox_drops_the_copies,
+                a_message_the_broker_refuses_is_kept_with_its_error
+            );
         }
+    };
+    (@each $broker:ty, $suite:ident: $($test:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                crate::$suite::$test::<$broker>().await
+            }
+        )*
     };
 }
 
