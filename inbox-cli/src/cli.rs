@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use inbox_core::outbox::OutboxStatus;
 use inbox_core::{DEFAULT_CONSUMER, Retention};
 
 /// The exit codes, as `--help` shows them (the constants are in `error::exit`).
@@ -12,11 +13,11 @@ Exit codes:
   1  the operation failed (database error, unreachable database)
   2  usage error (bad arguments or duration, missing or unsupported database URL)
   3  the inbox schema is missing: run `inbox migrate`
-  4  not found (no such message, not dead, no gap to skip)
+  4  not found (no such message, not dead, no gap to skip, not a failed outbox message)
   5  aborted at the confirmation prompt";
 
 /// Operate an inbox database: apply its schema, see what it holds, replay or discard dead
-/// letters, skip strict-ordering gaps, and purge old dedup rows.
+/// letters, skip strict-ordering gaps, purge old dedup rows, and list or retry outbox messages.
 #[derive(Debug, Parser)]
 #[command(name = "inbox", version, after_long_help = EXIT_CODES)]
 pub struct Cli {
@@ -66,6 +67,9 @@ pub enum DatabaseCommand {
     Gap(GapArgs),
     /// Delete processed and stale dedup rows older than a window (parked and dead ones are kept).
     Purge(PurgeArgs),
+    /// The outbox: messages written in the application's transactions, for the relay to publish.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
 }
 
 /// A database the inbox runs on.
@@ -237,6 +241,59 @@ pub struct PurgeArgs {
     pub confirm: Confirm,
 }
 
+/// The outbox commands.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List outbox messages in the order they were written (by default, those not published
+    /// yet: pending and failed).
+    List {
+        /// Only messages of this status.
+        #[arg(long, value_enum)]
+        status: Option<OutboxStatusArg>,
+        /// The most messages to list.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+    /// Make failed messages pending again, their attempts counted from zero: the running relay
+    /// publishes them in its next batch.
+    Retry(OutboxRetryArgs),
+}
+
+/// Where an outbox message is, as `--status` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutboxStatusArg {
+    /// Waiting for the relay.
+    Pending,
+    /// Published and confirmed by the broker.
+    Published,
+    /// Given up on by the relay, waiting for an operator.
+    Failed,
+}
+
+impl From<OutboxStatusArg> for OutboxStatus {
+    fn from(status: OutboxStatusArg) -> Self {
+        match status {
+            OutboxStatusArg::Pending => OutboxStatus::Pending,
+            OutboxStatusArg::Published => OutboxStatus::Published,
+            OutboxStatusArg::Failed => OutboxStatus::Failed,
+        }
+    }
+}
+
+/// `inbox outbox retry`: one failed message, or every one.
+#[derive(Debug, Args)]
+pub struct OutboxRetryArgs {
+    /// The id of the failed message.
+    #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
+    pub id: Option<String>,
+    /// Retry every failed message (asks first).
+    #[arg(long)]
+    pub all_failed: bool,
+    /// Whether to ask first (`--all-failed` only).
+    #[command(flatten)]
+    pub confirm: Confirm,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +318,16 @@ mod tests {
         ] {
             assert!(help.contains(&format!("\n  {code}  ")), "{help}");
         }
+    }
+
+    #[test]
+    fn an_outbox_retry_names_one_message_or_every_failed_one() {
+        let parses = |args: &[&str]| {
+            Cli::try_parse_from([&["inbox", "outbox", "retry"], args].concat()).is_ok()
+        };
+        assert!(parses(&["m-1"]));
+        assert!(parses(&["--all-failed", "--yes"]));
+        assert!(!parses(&[]), "neither an id nor --all-failed");
+        assert!(!parses(&["m-1", "--all-failed"]), "both");
     }
 }

@@ -10,7 +10,8 @@ pub mod exit {
     pub const USAGE: u8 = 2;
     /// The database has no inbox schema (or an old one): run `inbox migrate`.
     pub const SCHEMA_MISSING: u8 = 3;
-    /// The message or stream named on the command line does not exist, or is not dead.
+    /// The message or stream named on the command line does not exist, or is not dead (or, in
+    /// the outbox, not failed).
     pub const NOT_FOUND: u8 = 4;
     /// The operator declined the confirmation prompt; nothing was changed.
     pub const ABORTED: u8 = 5;
@@ -109,6 +110,13 @@ pub enum CliError {
         aggregate: String,
     },
 
+    /// `outbox retry` named a message that is not a failed outbox message.
+    #[error(
+        "no failed outbox message `{0}`: it does not exist, or it is pending or published; only \
+         a failed message can be retried (see `inbox outbox list --status failed`)"
+    )]
+    NoFailedOutboxMessage(String),
+
     /// The operator answered no (or nothing) at the confirmation prompt.
     #[error("aborted: nothing was changed")]
     Aborted,
@@ -140,9 +148,10 @@ impl CliError {
             #[cfg(not(feature = "mysql"))]
             Self::MySqlNotBuilt => exit::USAGE,
             Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
-            Self::NoSuchMessage { .. } | Self::NotDead { .. } | Self::NoGap { .. } => {
-                exit::NOT_FOUND
-            }
+            Self::NoSuchMessage { .. }
+            | Self::NotDead { .. }
+            | Self::NoGap { .. }
+            | Self::NoFailedOutboxMessage(_) => exit::NOT_FOUND,
             Self::Inbox(inbox_core::Error::NotDead { .. }) => exit::NOT_FOUND,
             Self::Aborted => exit::ABORTED,
             Self::NoSuchDatabaseFile(_)

@@ -4,11 +4,12 @@
 
 mod actions;
 mod messages;
+mod outbox;
 mod purge;
 mod status;
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use comfy_table::{Table, presets};
 use serde::Serialize;
@@ -17,6 +18,7 @@ use crate::error::CliError;
 
 pub use actions::{Action, GapSkipped, Migrated, Resolved, Schema};
 pub use messages::{ListKind, MessageDetail, MessageList};
+pub use outbox::{OutboxList, OutboxRetried};
 pub use purge::{PurgeDone, PurgePlan};
 pub use status::StatusView;
 
@@ -70,6 +72,26 @@ fn cell(value: Option<impl ToString>) -> String {
     value.map_or_else(|| "-".to_owned(), |value| value.to_string())
 }
 
+/// The most characters of an error a list shows; `dead show` has the whole text.
+const ERROR_WIDTH: usize = 60;
+
+/// The first line of `text`, cut to [`ERROR_WIDTH`] characters.
+fn shorten(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(ERROR_WIDTH) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None if line.len() < text.trim_end().len() => format!("{line}…"),
+        None => line.to_owned(),
+    }
+}
+
+/// A time in Unix epoch milliseconds as the CLI shows times: `YYYY-MM-DD HH:MM:SS`, in UTC.
+fn utc(epoch_ms: i64) -> String {
+    let since_epoch = Duration::from_millis(u64::try_from(epoch_ms).unwrap_or(0));
+    let rfc3339 = humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + since_epoch);
+    rfc3339.to_string().replacen('T', " ", 1).replace('Z', "")
+}
+
 /// Seconds as a rounded human duration: `3h 12m 5s`.
 fn age(secs: f64) -> String {
     let whole = Duration::from_secs(secs.max(0.0).round() as u64);
@@ -105,6 +127,20 @@ mod tests {
         assert_eq!(size(3 * 1024 * 1024 + 512 * 1024), "3.5 MiB");
         assert_eq!(age(3725.4), "1h 2m 5s");
         assert_eq!(age(-1.0), "0s");
+    }
+
+    #[test]
+    fn epoch_milliseconds_read_as_a_utc_time() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_700_000_000_999), "2023-11-14 22:13:20");
+    }
+
+    #[test]
+    fn a_long_or_multiline_error_is_cut_in_a_list() {
+        assert_eq!(shorten("short"), "short");
+        assert_eq!(shorten("first line\nsecond"), "first line…");
+        let long = "é".repeat(ERROR_WIDTH + 5);
+        assert_eq!(shorten(&long), format!("{}…", "é".repeat(ERROR_WIDTH)));
     }
 
     #[test]

@@ -322,6 +322,123 @@ macro_rules! cli_suite {
             assert!(text.contains("Purged 0") && text.contains("1 dead"), "{text}");
         }
 
+        /// Writes one outbox message per aggregate in `aggregates`, in one committed transaction;
+        /// gives their ids.
+        async fn publish_outbox(pool: &Pool, aggregates: &[&str]) -> Vec<String> {
+            let mut tx = pool.begin().await.unwrap();
+            let mut ids = Vec::new();
+            for aggregate in aggregates {
+                let message = inbox_core::outbox::Outgoing::new("test.type", b"{}".to_vec()).aggregate(*aggregate);
+                ids.push(inbox_core::outbox::publish(&mut *tx, message).await.expect("write to the outbox"));
+            }
+            tx.commit().await.unwrap();
+            ids
+        }
+
+        /// Sets outbox message `id` to `status`, as a relay that gave up on it (`failed`) or
+        /// published it would.
+        async fn set_outbox(pool: &Pool, id: &str, status: &str) {
+            let sql = match status {
+                "failed" => "UPDATE inbox_outbox SET status = 'failed', last_error = 'refused', attempts = 3 WHERE id = $1",
+                "published" => "UPDATE inbox_outbox SET status = 'published', published_at_ms = created_at_ms, attempts = 1 WHERE id = $1",
+                other => panic!("the tests set no outbox status {other:?}"),
+            };
+            sqlx::query(crate::common::sql::<$db>(sql)).bind(id.to_owned()).execute(pool).await.expect("update the outbox row");
+        }
+
+        /// The ids of the outbox messages of `status`, in the order they were written.
+        async fn outbox_ids(pool: &Pool, status: inbox_core::outbox::OutboxStatus) -> Vec<String> {
+            let messages = inbox_core::outbox::list(pool, Some(status), 100).await.unwrap();
+            messages.into_iter().map(|message| message.id).collect()
+        }
+
+        #[tokio::test]
+        async fn the_outbox_lists_what_is_not_published_and_a_failed_message_is_retried() {
+            use inbox_core::outbox::OutboxStatus;
+            let Some((pool, url)) = database("cli_outbox").await else { return };
+            let ids = publish_outbox(&pool, &["a-1", "a-1", "a-2"]).await;
+            set_outbox(&pool, &ids[0], "failed").await;
+            set_outbox(&pool, &ids[2], "published").await;
+
+            let unpublished = cli(&url, &["outbox", "list", "--json"]).ok().json();
+            assert_eq!(unpublished.as_array().map(Vec::len), Some(2), "{unpublished}");
+            let (failed, pending) = (&unpublished[0], &unpublished[1]);
+            assert_eq!((&failed["id"], &failed["status"], &pending["id"], &pending["status"]), (&json!(ids[0]), &json!("failed"), &json!(ids[1]), &json!("pending")));
+            assert_eq!((&failed["aggregate_id"], &failed["aggregate_sequence"], &pending["aggregate_sequence"]), (&json!("a-1"), &json!(1), &json!(2)));
+            assert_eq!((&failed["attempts"], &failed["last_error"], &failed["message_type"]), (&json!(3), &json!("refused"), &json!("test.type")));
+            assert!(crate::utc_time(failed["created_at"].as_str().unwrap()), "{unpublished}");
+            let published = cli(&url, &["outbox", "list", "--status", "published", "--json"]).ok().json();
+            assert_eq!((&published[0]["id"], published.as_array().map(Vec::len)), (&json!(ids[2]), Some(1)), "{published}");
+            assert!(crate::utc_time(published[0]["published_at"].as_str().unwrap()), "{published}");
+            let first = cli(&url, &["outbox", "list", "--limit", "1", "--json"]).ok().json();
+            assert_eq!(first, json!([unpublished[0]]));
+            let table = cli(&url, &["outbox", "list"]).ok().stdout;
+            for shown in [&ids[0], &ids[1], "a-1 #1", "a-1 #2", "failed", "refused", "CREATED (UTC)"] {
+                assert!(table.contains(shown), "expected {shown:?} in {table}");
+            }
+            assert!(!table.contains(&ids[2]), "published messages are not listed by default: {table}");
+
+            let retried = cli(&url, &["outbox", "retry", &ids[0]]).ok();
+
+            assert!(retried.stdout.contains("pending again"), "{retried:#?}");
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Failed).await, Vec::<String>::new());
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Pending).await, ids[..2]);
+            let pending = inbox_core::outbox::list(&pool, Some(OutboxStatus::Pending), 1).await.unwrap();
+            assert_eq!(pending[0].attempts, 0, "attempts are counted from zero again");
+            cli(&url, &["outbox", "retry", &ids[0]]).failed(4, &[&ids[0], "inbox outbox list --status failed"]);
+            cli(&url, &["outbox", "retry", &ids[2]]).failed(4, &[&ids[2]]);
+            cli(&url, &["outbox", "retry", "no-such-id"]).failed(4, &["no-such-id"]);
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Published).await, [ids[2].clone()]);
+        }
+
+        #[tokio::test]
+        async fn retrying_every_failed_outbox_message_needs_confirmation() {
+            use inbox_core::outbox::OutboxStatus;
+            let Some((pool, url)) = database("cli_outbox_all").await else { return };
+            let ids = publish_outbox(&pool, &["a-1", "a-2", "a-3"]).await;
+            for id in &ids[..2] {
+                set_outbox(&pool, id, "failed").await;
+            }
+
+            let refused = cli_with_input(&url, &["outbox", "retry", "--all-failed"], "n\n").failed(5, &["aborted"]);
+            assert!(refused.stderr.contains("2 failed") && refused.stderr.contains("[y/N]"), "{refused:#?}");
+            cli(&url, &["outbox", "retry", "--all-failed"]).failed(5, &["aborted"]);
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Failed).await, ids[..2], "the end of input is a no");
+
+            let retried = cli_with_input(&url, &["outbox", "retry", "--all-failed"], "y\n").ok();
+
+            assert!(retried.stdout.contains("2 failed outbox messages are pending again"), "{retried:#?}");
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Failed).await, Vec::<String>::new());
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Pending).await, ids);
+            let nothing = cli(&url, &["outbox", "retry", "--all-failed", "--json"]).ok().json();
+            assert_eq!(nothing, json!({"id": null, "retried": 0}), "nothing failed, nothing asked");
+            set_outbox(&pool, &ids[2], "failed").await;
+            let all = cli(&url, &["outbox", "retry", "--all-failed", "--yes", "--json"]).ok().json();
+            assert_eq!(all, json!({"id": null, "retried": 1}));
+            assert_eq!(outbox_ids(&pool, OutboxStatus::Pending).await, ids);
+        }
+
+        #[tokio::test]
+        async fn status_shows_the_outbox_backlog() {
+            let Some((pool, url)) = database("cli_outbox_status").await else { return };
+            let empty = cli(&url, &["status", "--json"]).ok().json();
+            assert_eq!(empty["outbox"], json!({"pending": 0, "failed": 0, "oldest_unpublished_secs": null}), "{empty}");
+            let text = cli(&url, &["status"]).ok().stdout;
+            assert!(text.contains("Outbox: 0 pending, 0 failed; oldest unpublished: none"), "{text}");
+
+            let ids = publish_outbox(&pool, &["a-1", "a-2", "a-3"]).await;
+            set_outbox(&pool, &ids[0], "failed").await;
+            set_outbox(&pool, &ids[2], "published").await;
+
+            let status = cli(&url, &["status", "--json"]).ok().json();
+            let outbox = &status["outbox"];
+            assert_eq!((&outbox["pending"], &outbox["failed"]), (&json!(1), &json!(1)), "{status}");
+            assert!(outbox["oldest_unpublished_secs"].as_f64().is_some_and(|secs| (0.0..600.0).contains(&secs)), "{status}");
+            let text = cli(&url, &["status"]).ok().stdout;
+            assert!(text.contains("Outbox: 1 pending, 1 failed; oldest unpublished: "), "{text}");
+            assert!(!text.contains("oldest unpublished: none"), "{text}");
+        }
+
         #[tokio::test]
         async fn a_database_without_the_schema_is_refused_with_a_pointer_to_migrate() {
             let Some(url) = $url("cli_no_schema").await else { return };

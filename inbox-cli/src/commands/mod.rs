@@ -3,6 +3,7 @@
 
 mod dead;
 mod gap;
+mod outbox;
 mod parked;
 mod purge;
 mod schema;
@@ -60,5 +61,6 @@ async fn dispatch<DB: Backend>(
         DatabaseCommand::Parked(args) => parked::run(pool, args, out).await,
         DatabaseCommand::Gap(args) => gap::run(pool, args, out).await,
         DatabaseCommand::Purge(args) => purge::run(pool, args, out).await,
+        DatabaseCommand::Outbox(command) => outbox::run(pool, command, out).await,
     }
 }

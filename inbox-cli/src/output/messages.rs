@@ -3,10 +3,7 @@
 use inbox_core::StoredMessage;
 use serde::Serialize;
 
-use super::{Render, cell, table};
-
-/// The most characters of an error a list shows; `dead show` has the whole text.
-const ERROR_WIDTH: usize = 60;
+use super::{Render, cell, shorten, table};
 
 /// Which messages a list holds, which decides its columns.
 #[derive(Debug, Clone, Copy)]
@@ -140,16 +137,6 @@ impl MessageList {
     }
 }
 
-/// The first line of `text`, cut to [`ERROR_WIDTH`] characters.
-fn shorten(text: &str) -> String {
-    let line = text.lines().next().unwrap_or_default();
-    match line.char_indices().nth(ERROR_WIDTH) {
-        Some((end, _)) => format!("{}…", &line[..end]),
-        None if line.len() < text.trim_end().len() => format!("{line}…"),
-        None => line.to_owned(),
-    }
-}
-
 /// Everything stored about one message, its payload as text.
 #[derive(Debug, Serialize)]
 pub struct MessageDetail {
@@ -205,18 +192,5 @@ impl Render for MessageDetail {
             .map(|(name, value)| vec![format!("{name}:"), cell(value)]);
         let payload = self.payload.as_deref().unwrap_or("(not kept)");
         format!("{}\n\npayload:\n{payload}", table(&[], rows))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_long_or_multiline_error_is_cut_in_a_list() {
-        assert_eq!(shorten("short"), "short");
-        assert_eq!(shorten("first line\nsecond"), "first line…");
-        let long = "é".repeat(ERROR_WIDTH + 5);
-        assert_eq!(shorten(&long), format!("{}…", "é".repeat(ERROR_WIDTH)));
     }
 }

@@ -1,5 +1,7 @@
-//! `inbox status`: counts by status per handler, rejected deliveries, storage.
+//! `inbox status`: counts by status per handler, rejected deliveries, the outbox backlog,
+//! storage.
 
+use inbox_core::outbox::OutboxBacklog;
 use serde::Serialize;
 
 use super::{Render, age, cell, size, table};
@@ -11,6 +13,8 @@ pub struct StatusView {
     handlers: Vec<HandlerView>,
     /// Per consumer: rejected deliveries waiting for an operator.
     rejected: Vec<RejectedView>,
+    /// What the outbox has not published.
+    outbox: BacklogView,
     /// The space the inbox takes.
     storage_bytes: i64,
 }
@@ -36,8 +40,41 @@ struct RejectedView {
     deliveries: i64,
 }
 
-impl From<inbox_core::Status> for StatusView {
-    fn from(status: inbox_core::Status) -> Self {
+/// What the outbox has not published: pending and failed messages, and how old the oldest is.
+#[derive(Debug, Serialize)]
+struct BacklogView {
+    pending: i64,
+    failed: i64,
+    oldest_unpublished_secs: Option<f64>,
+}
+
+impl BacklogView {
+    /// The `backlog` as of `now_ms` (Unix epoch milliseconds).
+    fn new(backlog: OutboxBacklog, now_ms: i64) -> Self {
+        // Never negative, should the writer's clock be ahead of this one.
+        let age_secs = |created_at_ms: i64| (now_ms - created_at_ms).max(0) as f64 / 1000.0;
+        Self {
+            pending: backlog.pending,
+            failed: backlog.failed,
+            oldest_unpublished_secs: backlog.oldest_created_at_ms.map(age_secs),
+        }
+    }
+
+    /// The backlog in one line.
+    fn human(&self) -> String {
+        let oldest = self.oldest_unpublished_secs.map(age);
+        format!(
+            "Outbox: {} pending, {} failed; oldest unpublished: {}",
+            self.pending,
+            self.failed,
+            oldest.as_deref().unwrap_or("none")
+        )
+    }
+}
+
+impl StatusView {
+    /// The inbox's `status` and the outbox's `backlog`, as of `now_ms` (Unix epoch milliseconds).
+    pub fn new(status: inbox_core::Status, backlog: OutboxBacklog, now_ms: i64) -> Self {
         let handlers = status.handlers.into_iter().map(|handler| HandlerView {
             consumer: handler.consumer,
             handler: handler.handler,
@@ -59,6 +96,7 @@ impl From<inbox_core::Status> for StatusView {
         Self {
             handlers: handlers.collect(),
             rejected: rejected.collect(),
+            outbox: BacklogView::new(backlog, now_ms),
             storage_bytes: status.storage_bytes,
         }
     }
@@ -78,7 +116,11 @@ impl Render for StatusView {
             text += "\n\nRejected deliveries waiting for an operator:\n";
             text += &table(&["CONSUMER", "DELIVERIES"], rows);
         }
-        text + &format!("\n\nStorage: {}", size(self.storage_bytes))
+        format!(
+            "{text}\n\n{}\n\nStorage: {}",
+            self.outbox.human(),
+            size(self.storage_bytes)
+        )
     }
 }
 
@@ -109,5 +151,36 @@ impl StatusView {
             ]
         });
         table(&header, rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backlog_says_how_old_its_oldest_message_is_or_none() {
+        let backlog = |oldest_created_at_ms| OutboxBacklog {
+            pending: 2,
+            failed: 1,
+            oldest_created_at_ms,
+        };
+        let view = BacklogView::new(backlog(Some(1_000)), 126_000);
+        assert_eq!(view.oldest_unpublished_secs, Some(125.0));
+        assert_eq!(
+            view.human(),
+            "Outbox: 2 pending, 1 failed; oldest unpublished: 2m 5s"
+        );
+        let empty = BacklogView::new(OutboxBacklog::default(), 126_000);
+        assert_eq!(
+            empty.human(),
+            "Outbox: 0 pending, 0 failed; oldest unpublished: none"
+        );
+        let ahead = BacklogView::new(backlog(Some(127_000)), 126_000);
+        assert_eq!(
+            ahead.oldest_unpublished_secs,
+            Some(0.0),
+            "a clock behind the writer's"
+        );
     }
 }
