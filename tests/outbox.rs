@@ -305,6 +305,23 @@ macro_rules! outbox_suite {
             let types: Vec<_> = healthy.published().iter().map(|e| e.message_type().to_owned()).collect();
             assert_eq!(types, ["test.poison", "test.receipt"], "retried, then its follower, in order");
         }
+
+        #[tokio::test]
+        async fn a_running_relay_deletes_published_messages_past_its_retention_and_keeps_the_rest() {
+            let Some(pool) = ledger("outbox_retention").await else { return };
+            write_messages(&pool, 1, 1).await;
+            relay_all(&Relay::new(pool.clone(), Recorder::default())).await;
+            write_messages(&pool, 1, 1).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+
+            let down = Recorder { unavailable: true, ..Recorder::default() };
+            let relay = Relay::new(pool.clone(), down).retention(Duration::ZERO);
+            relay.run(tokio::time::sleep(Duration::from_millis(200))).await;
+            let published = outbox::list(&pool, Some(OutboxStatus::Published), 10).await.unwrap();
+            assert!(published.is_empty(), "the published message is past its retention");
+            let pending = outbox::list(&pool, None, 10).await.unwrap();
+            assert_eq!(pending.len(), 1, "the unpublished one is kept");
+        }
     };
 }
 
