@@ -1105,11 +1105,13 @@ mod relay {
             sent: Arc::clone(&sent),
             died: Arc::clone(&died),
         };
-        let relay = Relay::new(pool.clone(), dying);
+        let lease = Duration::from_millis(500);
+        let relay = Relay::new(pool.clone(), dying).lease(lease);
         let batch = tokio::spawn(async move { relay.publish_batch().await });
         died.notified().await;
         batch.abort();
         assert!(batch.await.is_err_and(|e| e.is_cancelled()));
+        tokio::time::sleep(lease).await;
 
         let relay = Relay::new(pool.clone(), broker.sink().await);
         assert_eq!(relay.publish_batch().await.expect("relay").published, 5);

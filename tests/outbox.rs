@@ -213,12 +213,16 @@ macro_rules! outbox_suite {
             let Some(pool) = ledger("outbox_crash").await else { return };
             write_messages(&pool, 3, 1).await;
             let dying = Recorder { stall_after: Some(2), ..Recorder::default() };
-            let relay = Relay::new(pool.clone(), dying.clone());
+            let lease = Duration::from_millis(500);
+            let relay = Relay::new(pool.clone(), dying.clone()).lease(lease);
             let batch = tokio::spawn(async move { relay.publish_batch().await });
             dying.stalled.notified().await;
             batch.abort();
             assert!(batch.await.unwrap_err().is_cancelled());
             assert_eq!(outbox::backlog(&pool).await.unwrap().pending, 3, "the dead relay marked nothing");
+            let early = Relay::new(pool.clone(), Recorder::default());
+            assert_eq!(early.publish_batch().await.unwrap().claimed, 0, "the dead relay's lease holds");
+            tokio::time::sleep(lease).await;
 
             let recorder = Recorder::default();
             relay_all(&Relay::new(pool.clone(), recorder.clone())).await;

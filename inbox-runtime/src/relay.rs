@@ -1,12 +1,13 @@
 //! The outbox relay: publishes what committed transactions wrote to the outbox, through a
 //! [`Sink`], at least once and in order per aggregate.
 //!
-//! Each batch is one transaction: it locks the due messages that are first of their aggregate
-//! (skipping those another relay holds), publishes them at once (they are of different
-//! aggregates, so their order does not matter), waits for the broker's confirms, and marks each
-//! confirmed one published before it commits. A relay that dies mid-batch commits nothing: its
-//! messages are published again by the next batch, under the same envelope id, and the inbox on
-//! the other side reports them as duplicates. A failed publication is tried again after a
+//! A batch claims the due messages that are first of their aggregate (skipping those another
+//! relay is claiming) and leases them to itself, in one short transaction; publishes them at
+//! once (they are of different aggregates, so their order does not matter) and waits for the
+//! broker's confirms, holding no lock; then marks each confirmed one published, in a second short
+//! transaction. A relay that dies mid-batch marks nothing: once its lease is over, another relay
+//! publishes its messages again, under the same envelope id, and the inbox on the other side
+//! reports them as duplicates. Later messages of their aggregates wait meanwhile. A failed publication is tried again after a
 //! growing delay; one the broker keeps refusing is given up on after the retry policy's
 //! attempts and kept, with its error, for an operator (`inbox outbox list|retry`). Later
 //! messages of its aggregate wait behind it, so that its aggregate is never published out of
@@ -56,6 +57,7 @@ pub struct Relay<DB: Backend, S: Sink> {
     batch_size: u32,
     poll_interval: Duration,
     publish_timeout: Duration,
+    lease: Duration,
     retry: RetryPolicy,
     retention: Duration,
 }
@@ -98,6 +100,7 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
             batch_size: Self::DEFAULT_BATCH_SIZE,
             poll_interval: Duration::from_millis(100),
             publish_timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(60),
             retry: RetryPolicy::new(10).backoff(Duration::from_secs(1), Duration::from_secs(300)),
             retention: Self::DEFAULT_RETENTION,
         }
@@ -138,9 +141,18 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         self
     }
 
-    /// How long a publication may wait for the broker's confirm before it counts as failed.
+    /// How long a publication may wait for the broker's confirm before it counts as failed (at
+    /// most half the lease).
     pub fn publish_timeout(mut self, timeout: Duration) -> Self {
         self.publish_timeout = timeout;
+        self
+    }
+
+    /// How long a batch's messages are reserved for this relay (60 s by default): if it dies
+    /// before it marks them, another relay publishes them once this has passed. A publication
+    /// waits at most half of it, so a live relay marks its batch before the lease ends.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
         self
     }
 
@@ -159,8 +171,10 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
 
     /// Publishes one batch: what was due and first of its aggregate when it began.
     pub async fn publish_batch(&self) -> Result<RelayBatch, Error> {
-        let mut tx = DB::begin(&self.pool).await?;
-        let claimed = rows::claim::<DB>(&mut tx, now_ms(), self.batch_size).await?;
+        let claimed = self.claim().await?;
+        if claimed.is_empty() {
+            return Ok(RelayBatch::default());
+        }
         let span = tracing::info_span!(
             "outbox relay",
             messaging.operation.type = "send",
@@ -174,6 +188,7 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
             claimed: claimed.len(),
             ..RelayBatch::default()
         };
+        let mut tx = DB::begin(&self.pool).await?;
         for (message, result) in claimed.iter().zip(sent) {
             match result {
                 Ok(()) => {
@@ -232,17 +247,28 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         }
     }
 
+    /// Claims a batch and leases it, in a transaction of its own.
+    async fn claim(&self) -> Result<Vec<OutboxMessage>, Error> {
+        let now = now_ms();
+        let lease = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let mut tx = DB::begin(&self.pool).await?;
+        let claimed =
+            rows::claim::<DB>(&mut tx, now, now.saturating_add(lease), self.batch_size).await?;
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
     /// Publishes one message, waiting at most the publish timeout for its confirm.
     fn send<'a>(&'a self, message: &'a OutboxMessage) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let destination = (self.route)(message);
             let envelope = message.envelope();
             let publish = self.sink.publish(&destination, &envelope);
-            match tokio::time::timeout(self.publish_timeout, publish).await {
+            let timeout = self.publish_timeout.min(self.lease / 2);
+            match tokio::time::timeout(timeout, publish).await {
                 Ok(result) => result,
                 Err(_) => Err(SinkError::unavailable(format!(
-                    "no confirm within {:?}",
-                    self.publish_timeout
+                    "no confirm within {timeout:?}"
                 ))),
             }
         })

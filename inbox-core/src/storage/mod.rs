@@ -253,7 +253,9 @@ pub struct OutboxSql {
     /// Locks the due pending messages that are first of their aggregate, in the order they were
     /// written, skipping those another relay holds ([`outbox::claim`]).
     pub claim: &'static str,
-    /// Marks a message published ([`outbox::mark_published`]).
+    /// Reserves a claimed message for its relay until a time ([`outbox::claim`]).
+    pub lease: &'static str,
+    /// Marks a pending message published ([`outbox::mark_published`]).
     pub published: &'static str,
     /// Counts a failed publication and says when to try again, or that the relay gave up
     /// ([`outbox::mark_failed`]).

@@ -201,9 +201,10 @@ const SQL: Statements = Statements {
             " ORDER BY position LIMIT ? FOR UPDATE SKIP LOCKED"
         ),
         published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = ?, \
-            attempts = attempts + 1, last_error = NULL WHERE position = ?",
+            attempts = attempts + 1, last_error = NULL WHERE position = ? AND status = 'pending'",
         failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = ?, due_at_ms = ?, \
-            status = ? WHERE position = ?",
+            status = ? WHERE position = ? AND status = 'pending'",
+        lease: "UPDATE inbox_outbox SET due_at_ms = ? WHERE position = ?",
         list: concat!(
             select_outbox!(),
             "WHERE status IN (?, ?) ORDER BY position LIMIT ?"

@@ -5,7 +5,10 @@
 //! aggregate's row of `inbox_outbox_streams`, whose lock the writing transaction holds until it
 //! ends, so an aggregate's sequences follow the order its transactions commit in. And the relay
 //! claims only messages that are first among their aggregate's unpublished ones: while one relay
-//! holds an aggregate's first message, no other relay can claim any of that aggregate's.
+//! holds an aggregate's first message, no other relay can claim any of that aggregate's. A claim
+//! is a lease: the claimed messages are due again only when it ends, so the relay publishes them
+//! outside any transaction (holding no lock, and on SQLite not the write lock, while it waits for
+//! the broker), and a relay that died is replaced once its lease is over.
 
 use sqlx::Pool;
 
@@ -175,19 +178,27 @@ pub async fn write<DB: Backend>(
     Ok(sequence)
 }
 
-/// Locks up to `limit` pending messages due at `now_ms` that are each the first unpublished
+/// Claims up to `limit` pending messages due at `now_ms` that are each the first unpublished
 /// message of their aggregate (so no two share an aggregate), in the order they were written,
-/// skipping those another relay holds. They stay locked until `conn`'s transaction ends.
+/// skipping those another relay is claiming; each is leased until `lease_until_ms` (due again
+/// only then), once `conn`'s transaction commits.
 pub async fn claim<DB: Backend>(
     conn: &mut DB::Connection,
     now_ms: i64,
+    lease_until_ms: i64,
     limit: u32,
 ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     let params = [Param::Int(now_ms), Param::Int(i64::from(limit))];
-    sql::fetch_all::<DB, OutboxMessage>(conn, DB::SQL.outbox.claim, &params).await
+    let claimed = sql::fetch_all::<DB, OutboxMessage>(conn, DB::SQL.outbox.claim, &params).await?;
+    for message in &claimed {
+        let params = [Param::Int(lease_until_ms), Param::Int(message.position)];
+        sql::execute::<DB>(conn, DB::SQL.outbox.lease, &params).await?;
+    }
+    Ok(claimed)
 }
 
-/// Marks the message at `position` published at `now_ms`.
+/// Marks the message at `position` published at `now_ms`, unless it is published already (by a
+/// relay that took it over when this one's lease ran out).
 pub async fn mark_published<DB: Backend>(
     conn: &mut DB::Connection,
     position: i64,
@@ -199,7 +210,8 @@ pub async fn mark_published<DB: Backend>(
 }
 
 /// Counts a failed publication of the message at `position`, with its `error`: it is tried
-/// again at `due_at_ms`, or, with `None`, the relay gives up on it ([`OutboxStatus::Failed`]).
+/// again at `due_at_ms`, or, with `None`, the relay gives up on it ([`OutboxStatus::Failed`]);
+/// a message that another relay has published meanwhile stays published.
 pub async fn mark_failed<DB: Backend>(
     conn: &mut DB::Connection,
     position: i64,

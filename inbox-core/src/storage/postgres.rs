@@ -303,9 +303,10 @@ pub(super) const SQL: Statements = Statements {
             " ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED"
         ),
         published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = $1, \
-            attempts = attempts + 1, last_error = NULL WHERE position = $2",
+            attempts = attempts + 1, last_error = NULL WHERE position = $2 AND status = 'pending'",
         failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = $1, due_at_ms = $2, \
-            status = $3 WHERE position = $4",
+            status = $3 WHERE position = $4 AND status = 'pending'",
+        lease: "UPDATE inbox_outbox SET due_at_ms = $1 WHERE position = $2",
         list: concat!(
             select_outbox!(),
             "WHERE status IN ($1, $2) ORDER BY position LIMIT $3"
