@@ -124,12 +124,17 @@ macro_rules! outbox_suite {
         /// Writes `count` messages of each of `aggregates`, one transaction per message,
         /// interleaving the aggregates.
         async fn write_messages(pool: &Pool, aggregates: usize, count: i64) {
-            for number in 1..=count {
+            write_more(pool, aggregates, 1..=count).await
+        }
+
+        /// Writes the messages `numbers` of each of `aggregates`, like [`write_messages`].
+        async fn write_more(pool: &Pool, aggregates: usize, numbers: std::ops::RangeInclusive<i64>) {
+            for number in numbers {
                 for aggregate in 0..aggregates {
                     let account = format!("acct-{aggregate}");
                     let receipt = Receipt { receipt_id: format!("{account}-{number}"), account, number };
-                    let mut tx = pool.begin().await.unwrap();
-                    outbox::publish(&mut *tx, &receipt).await.unwrap();
+                    let mut tx = <$db as inbox::Backend>::begin(pool).await.unwrap();
+                    outbox::publish(&mut tx, &receipt).await.unwrap();
                     tx.commit().await.unwrap();
                 }
             }
@@ -183,6 +188,9 @@ macro_rules! outbox_suite {
             let Some(pool) = ledger("outbox_application").await else { return };
             let mut tx = pool.begin().await.unwrap();
             outbox::publish(&mut *tx, Outgoing::new("test.ghost", b"{}".to_vec())).await.unwrap();
+            let split = Outgoing::new("test.bad", b"{}".to_vec()).with_header("trace", "a\r\nb: c");
+            let refused = outbox::publish(&mut *tx, split).await.unwrap_err();
+            assert!(refused.to_string().contains("header `trace` cannot be carried"), "{refused}");
             tx.rollback().await.unwrap();
             let mut tx = pool.begin().await.unwrap();
             let raw = Envelope::new("test.raw", "ignored", b"raw bytes".to_vec()).with_header("tenant", "acme");
@@ -241,13 +249,19 @@ macro_rules! outbox_suite {
         async fn two_relays_never_reorder_an_aggregate() {
             let Some(pool) = ledger("outbox_two_relays").await else { return };
             let (aggregates, count) = (3, 20);
-            write_messages(&pool, aggregates, count).await;
+            // Half written before the relays start, half while they run.
+            write_messages(&pool, aggregates, count / 2).await;
+            let writer = {
+                let pool = pool.clone();
+                tokio::spawn(async move { write_more(&pool, aggregates, count / 2 + 1..=count).await })
+            };
             let recorder = Recorder::default();
             let relays = [pool.clone(), second_pool(&pool).await].map(|pool| {
                 let relay = Relay::new(pool, recorder.clone()).batch_size(8).poll_interval(Duration::from_millis(5));
                 let stop = published_all(&recorder, aggregates * count as usize);
                 tokio::spawn(relay.run(stop))
             });
+            writer.await.unwrap();
             let mut published = 0;
             for relay in relays {
                 let report = tokio::time::timeout(Duration::from_secs(60), relay).await.unwrap().unwrap();

@@ -146,8 +146,21 @@ impl Outgoing {
         self
     }
 
-    /// This message, if its aggregate is one the outbox can keep.
+    /// This message, if its aggregate and headers are ones the outbox can keep and brokers carry.
     pub(crate) fn checked(self) -> Result<Self, Error> {
+        if let Some((name, _)) = self
+            .headers
+            .iter()
+            .find(|(name, value)| !carried(name, value))
+        {
+            return Err(Error::InvalidIdentity {
+                what: "header",
+                reason: format!(
+                    "header `{}` cannot be carried: names are printable ASCII without `:` or spaces, values have no line breaks",
+                    name.escape_debug()
+                ),
+            });
+        }
         match &self.aggregate {
             Some(aggregate) if aggregate.is_empty() || aggregate.len() > MAX_ID_LEN => {
                 Err(Error::InvalidIdentity {
@@ -161,6 +174,13 @@ impl Outgoing {
             _ => Ok(self),
         }
     }
+}
+
+/// Whether every broker carries a header of this name and value (HTTP's token rules, as NATS
+/// enforces them).
+fn carried(name: &str, value: &str) -> bool {
+    let name_ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':');
+    name_ok && !value.contains(['\r', '\n'])
 }
 
 impl From<Envelope> for Outgoing {

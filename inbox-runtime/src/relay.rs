@@ -16,9 +16,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use std::panic::AssertUnwindSafe;
+
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use inbox_core::outbox::{OutboxMessage, now_ms};
 use inbox_core::storage::outbox as rows;
 use inbox_core::{Backend, Error, RetryPolicy};
@@ -156,8 +158,9 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         self
     }
 
-    /// When to try a failed publication again, and after how many refusals to give up on it.
-    /// A broker that cannot be reached never makes the relay give up: only refusals count.
+    /// When to try a failed publication again, and after how many attempts a refusal gives up on
+    /// it. A broker that cannot be reached never makes the relay give up: it gives up only when
+    /// the broker refuses the message and its attempts (of every kind) are spent.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -226,7 +229,8 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
                     failures = 0;
                     report.published += batch.published as u64;
                     report.failed += batch.failed as u64;
-                    if batch.claimed == self.batch_size as usize {
+                    // A batch that published may have unblocked its aggregates' next messages.
+                    if batch.published > 0 || batch.claimed == self.batch_size as usize {
                         Duration::ZERO
                     } else {
                         self.poll_interval
@@ -263,7 +267,11 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         Box::pin(async move {
             let destination = (self.route)(message);
             let envelope = message.envelope();
-            let publish = self.sink.publish(&destination, &envelope);
+            let publish = AssertUnwindSafe(self.sink.publish(&destination, &envelope))
+                .catch_unwind()
+                .map(|result| {
+                    result.unwrap_or_else(|_| Err(SinkError::Refused("the sink panicked".into())))
+                });
             let timeout = self.publish_timeout.min(self.lease / 2);
             match tokio::time::timeout(timeout, publish).await {
                 Ok(result) => result,
@@ -339,8 +347,15 @@ impl Housekeeping {
         if due(&mut self.purged, Self::PURGE_EVERY) {
             let window = i64::try_from(relay.retention.as_millis()).unwrap_or(i64::MAX);
             let before = now_ms().saturating_sub(window);
-            if let Err(error) = rows::purge(&relay.pool, before, Self::PURGE_BATCH).await {
-                tracing::warn!(%error, "could not purge published outbox messages");
+            loop {
+                match rows::purge(&relay.pool, before, Self::PURGE_BATCH).await {
+                    Ok(deleted) if deleted == u64::from(Self::PURGE_BATCH) => {}
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "could not purge published outbox messages");
+                        break;
+                    }
+                }
             }
         }
     }

@@ -255,6 +255,11 @@ pub struct OutboxSql {
     pub claim: &'static str,
     /// Reserves a claimed message for its relay until a time ([`outbox::claim`]).
     pub lease: &'static str,
+    /// Counts a claimed message's earlier unpublished ones, in a statement of its own, where the
+    /// claim's order check may read an older snapshot than its locking read (MySQL: a locking
+    /// read sees the latest rows, its subquery those at the statement's start); `None` where the
+    /// claim reads one snapshot ([`outbox::claim`]).
+    pub recheck: Option<&'static str>,
     /// Marks a pending message published ([`outbox::mark_published`]).
     pub published: &'static str,
     /// Counts a failed publication and says when to try again, or that the relay gave up

@@ -205,6 +205,10 @@ const SQL: Statements = Statements {
         failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = ?, due_at_ms = ?, \
             status = ? WHERE position = ? AND status = 'pending'",
         lease: "UPDATE inbox_outbox SET due_at_ms = ? WHERE position = ?",
+        recheck: Some(
+            "SELECT COUNT(*) FROM inbox_outbox WHERE aggregate_id = ? AND status <> 'published' \
+             AND aggregate_sequence < ?",
+        ),
         list: concat!(
             select_outbox!(),
             "WHERE status IN (?, ?) ORDER BY position LIMIT ?"

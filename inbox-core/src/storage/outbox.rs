@@ -189,12 +189,34 @@ pub async fn claim<DB: Backend>(
     limit: u32,
 ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     let params = [Param::Int(now_ms), Param::Int(i64::from(limit))];
-    let claimed = sql::fetch_all::<DB, OutboxMessage>(conn, DB::SQL.outbox.claim, &params).await?;
-    for message in &claimed {
+    let found = sql::fetch_all::<DB, OutboxMessage>(conn, DB::SQL.outbox.claim, &params).await?;
+    let mut claimed = Vec::with_capacity(found.len());
+    for message in found {
+        if !first_of_aggregate::<DB>(conn, &message).await? {
+            continue;
+        }
         let params = [Param::Int(lease_until_ms), Param::Int(message.position)];
         sql::execute::<DB>(conn, DB::SQL.outbox.lease, &params).await?;
+        claimed.push(message);
     }
     Ok(claimed)
+}
+
+/// Whether no earlier message of `message`'s aggregate is unpublished, as a statement of its own
+/// sees it, where the claim's own check may have read an older snapshot.
+async fn first_of_aggregate<DB: Backend>(
+    conn: &mut DB::Connection,
+    message: &OutboxMessage,
+) -> Result<bool, sqlx::Error> {
+    let (Some(recheck), Some(aggregate), Some(sequence)) = (
+        DB::SQL.outbox.recheck,
+        message.aggregate_id.as_deref(),
+        message.aggregate_sequence,
+    ) else {
+        return Ok(true);
+    };
+    let params = [Param::Text(aggregate), Param::Int(sequence)];
+    Ok(sql::fetch_one::<DB, i64>(conn, recheck, &params).await? == 0)
 }
 
 /// Marks the message at `position` published at `now_ms`, unless it is published already (by a

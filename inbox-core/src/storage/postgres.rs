@@ -307,6 +307,7 @@ pub(super) const SQL: Statements = Statements {
         failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = $1, due_at_ms = $2, \
             status = $3 WHERE position = $4 AND status = 'pending'",
         lease: "UPDATE inbox_outbox SET due_at_ms = $1 WHERE position = $2",
+        recheck: None,
         list: concat!(
             select_outbox!(),
             "WHERE status IN ($1, $2) ORDER BY position LIMIT $3"

@@ -380,10 +380,22 @@ impl Sink for RedisStreamPublisher {
 /// An answer of the server (the key holds no stream, say) is a refusal; a connection that
 /// failed or timed out may pass on a later try.
 fn xadd_error(error: ::redis::RedisError) -> SinkError {
+    // Answers that mean "not now" rather than "not this".
+    const TRANSIENT: [&str; 8] = [
+        "OOM",
+        "LOADING",
+        "READONLY",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MOVED",
+        "ASK",
+        "BUSY",
+    ];
     let unreachable = error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
-        || error.is_timeout();
+        || error.is_timeout()
+        || error.code().is_some_and(|code| TRANSIENT.contains(&code));
     if unreachable {
         SinkError::unavailable(error)
     } else {
