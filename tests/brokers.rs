@@ -3,8 +3,8 @@
 //! not tested. The inbox side runs on SQLite.
 //!
 //! Brokers: the in-memory broker always; NATS JetStream, RabbitMQ and Redis Streams when
-//! `INBOX_TEST_NATS_URL`, `INBOX_TEST_AMQP_URL` and `INBOX_TEST_REDIS_URL` are set (required under
-//! `CI=true`).
+//! `INBOX_TEST_NATS_URL`, `INBOX_TEST_AMQP_URL` and `INBOX_TEST_REDIS_URL` are set, and the
+//! PostgreSQL queue when `INBOX_TEST_POSTGRES_URL` is (each required under `CI=true`).
 
 mod common;
 
@@ -552,6 +552,79 @@ mod redis_broker {
                 publisher,
                 consumers: AtomicUsize::new(0),
             }
+        }
+    }
+}
+
+#[cfg(feature = "postgres-queue")]
+mod postgres_queue_broker {
+    use std::time::Duration;
+
+    use inbox::postgres_queue::{PgQueuePublisher, PgQueueSource};
+    use inbox::{Envelope, Sink};
+
+    use super::{Features, TestBroker};
+
+    /// A queue of the test's own, in a PostgreSQL schema of the test's own.
+    pub struct PostgresQueue {
+        pool: sqlx::PgPool,
+        queue: String,
+        publisher: PgQueuePublisher,
+    }
+
+    impl PostgresQueue {
+        fn consumer(&self, visibility: Duration) -> inbox::postgres_queue::PgQueueSourceBuilder {
+            PgQueueSource::builder(&self.pool, &self.queue)
+                .visibility_timeout(visibility)
+                .poll_interval(Duration::from_millis(100))
+        }
+    }
+
+    impl TestBroker for PostgresQueue {
+        type Source = PgQueueSource;
+        type Sink = PgQueuePublisher;
+        const FEATURES: Features = Features {
+            counts_attempts: true,
+            carries_untagged: false,
+            redelivers_on_timeout: true,
+            drops_republished: false,
+        };
+        const REDELIVERY: Duration = Duration::from_secs(1);
+
+        async fn new(test: &str) -> Option<Self> {
+            let pool = crate::common::postgres(test).await?;
+            let publisher = PgQueuePublisher::new(&pool);
+            Some(PostgresQueue {
+                pool,
+                queue: crate::common::unique(test),
+                publisher,
+            })
+        }
+
+        async fn source(&self) -> Self::Source {
+            let source = self.consumer(Self::REDELIVERY).build();
+            source.await.expect("build the source")
+        }
+
+        async fn patient_source(&self) -> Self::Source {
+            let source = self.consumer(Duration::from_secs(60)).build();
+            source.await.expect("build the source")
+        }
+
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
+            self.publisher.publish(&self.queue, envelope).await
+        }
+
+        async fn sink(&self) -> PgQueuePublisher {
+            self.publisher.clone()
+        }
+
+        fn destination(&self) -> String {
+            self.queue.clone()
+        }
+
+        async fn publish_untagged(&self, _payload: &[u8]) {
+            unreachable!("the queue's type tag is a column that cannot be empty")
         }
     }
 }
@@ -1219,3 +1292,5 @@ conformance!(jetstream, crate::jetstream_broker::JetStream);
 conformance!(rabbitmq, crate::rabbitmq_broker::RabbitMq);
 #[cfg(feature = "redis")]
 conformance!(redis_streams, crate::redis_broker::RedisStreams);
+#[cfg(feature = "postgres-queue")]
+conformance!(postgres_queue, crate::postgres_queue_broker::PostgresQueue);

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use crate::queue::QueueReceipt;
+
 /// One message as delivered, before decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
@@ -11,6 +13,7 @@ pub struct Envelope {
     payload: Vec<u8>,
     headers: BTreeMap<String, String>,
     produced_at: Option<SystemTime>,
+    receipt: Option<QueueReceipt>,
 }
 
 impl Envelope {
@@ -23,6 +26,7 @@ impl Envelope {
             payload,
             headers: BTreeMap::new(),
             produced_at: None,
+            receipt: None,
         }
     }
 
@@ -96,7 +100,27 @@ impl Envelope {
             payload: self.payload[..self.payload.len().min(max_bytes)].to_vec(),
             headers: self.headers.clone(),
             produced_at: self.produced_at,
+            receipt: None,
         }
+    }
+
+    /// The claim of the PostgreSQL queue row this envelope was delivered from, if it was: the
+    /// guard deletes the row in the transaction that commits the message's handling.
+    pub fn queue_receipt(&self) -> Option<&QueueReceipt> {
+        self.receipt.as_ref()
+    }
+
+    /// This envelope without its queue receipt: the guard leaves the row to the delivery's
+    /// acknowledgement (a delivery that several handlers share, each in a transaction of its own,
+    /// is settled only once all of them are done).
+    pub fn without_queue_receipt(mut self) -> Self {
+        self.receipt = None;
+        self
+    }
+
+    pub(crate) fn with_receipt(mut self, receipt: QueueReceipt) -> Self {
+        self.receipt = Some(receipt);
+        self
     }
 
     /// The transport headers.

@@ -22,6 +22,7 @@ use crate::keys::{
 };
 use crate::message::Message;
 use crate::outcome::Outcome;
+use crate::queue::QueueReceipt;
 use crate::retry::RetryPolicy;
 use crate::storage::messages::{self, Claimed, Seen};
 use crate::storage::{Backend, operators, streams};
@@ -46,6 +47,9 @@ pub struct Received<'a> {
     pub identity: &'a Identity,
     /// The delivery's headers, if it came with any.
     pub headers: Option<&'a Headers>,
+    /// The PostgreSQL queue row it was claimed from, deleted in the transaction that commits
+    /// its handling (see [`crate::queue`]).
+    pub receipt: Option<&'a QueueReceipt>,
 }
 
 /// Guards and handles `message`, as `received`, with `handler` for `consumer`.
@@ -127,6 +131,7 @@ pub(crate) struct Delivery<'a> {
     identity: &'a Identity,
     payload: &'a [u8],
     headers: Option<&'a Headers>,
+    receipt: Option<&'a QueueReceipt>,
     retry: &'a RetryPolicy,
 }
 
@@ -137,6 +142,7 @@ impl<'a> Delivery<'a> {
             identity: received.identity,
             payload: received.payload,
             headers: received.headers,
+            receipt: received.receipt,
             retry,
         }
     }
@@ -286,6 +292,9 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
             Outcome::Processed
         }
     };
+    if let Some(receipt) = delivery.receipt {
+        DB::dequeue(&mut tx, receipt).await?;
+    }
     Ok(Step::Keep(tx, outcome))
 }
 
@@ -986,6 +995,7 @@ async fn rerun<DB: Backend, H: Handler<DB>>(
         payload,
         identity: &identity,
         headers: Some(&headers),
+        receipt: None,
     };
     let mut pool = pool.clone();
     let guarded = process(&mut pool, consumer, handler, message, received, retry);

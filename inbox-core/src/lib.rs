@@ -16,6 +16,7 @@ mod message;
 pub mod outbox;
 mod outcome;
 mod process;
+pub mod queue;
 mod retention;
 mod retry;
 mod status;

@@ -40,6 +40,7 @@ impl<DB: Backend, H: Handler<DB>> Process<DB> for H {
                 payload: &payload,
                 identity: &identity,
                 headers: None,
+                receipt: None,
             };
             let retry = RetryPolicy::default();
             let mut pool = pool.clone();

@@ -23,6 +23,8 @@ pub use route::Handled;
 pub use source::amqp;
 #[cfg(feature = "nats")]
 pub use source::nats;
+#[cfg(feature = "postgres-queue")]
+pub use source::postgres_queue;
 #[cfg(feature = "redis")]
 pub use source::redis;
 pub use source::{

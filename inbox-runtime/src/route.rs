@@ -190,6 +190,7 @@ impl<DB: Backend, H: Handler<DB>> HandlerJob<H, DB> {
             payload: envelope.payload(),
             identity: &self.identity,
             headers: Some(envelope.headers()),
+            receipt: envelope.queue_receipt(),
         }
     }
 

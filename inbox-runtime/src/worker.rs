@@ -424,8 +424,14 @@ impl Held for Pending {
 }
 
 impl Pending {
+    /// A delivery that `jobs` handlers' jobs share. Only a delivery for one handler lets the
+    /// guard delete its queue row with the handler's writes: each job commits on its own, and
+    /// the row must stay until the last one has.
     fn new(delivery: Delivery, jobs: usize, room: OwnedSemaphorePermit) -> Self {
-        let (envelope, attempt, acker) = delivery.into_parts();
+        let (mut envelope, attempt, acker) = delivery.into_parts();
+        if jobs > 1 {
+            envelope = envelope.without_queue_receipt();
+        }
         let settling = Settling {
             results: Vec::new(),
             acker: Some(acker),

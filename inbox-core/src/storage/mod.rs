@@ -21,6 +21,8 @@ use futures::stream::BoxStream;
 use sqlx::migrate::{Migrate, Migrator};
 use sqlx::{Connection, Database, IntoArguments, Pool, Transaction};
 
+use crate::queue::QueueReceipt;
+
 pub mod bulk;
 pub mod messages;
 #[cfg(feature = "mysql")]
@@ -83,6 +85,17 @@ pub trait Backend:
 
     /// The schema as plain DDL, for teams that run their own migrations.
     fn schema_sql() -> &'static str;
+
+    /// Deletes the PostgreSQL queue row a delivery was claimed from, in the guarded transaction
+    /// on `connection` (see [`crate::queue`]); nothing (the default) where the database holds no
+    /// queue: the delivery's acknowledgement deletes the row.
+    fn dequeue(
+        connection: &mut Self::Connection,
+        receipt: &QueueReceipt,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (connection, receipt);
+        async { Ok(()) }
+    }
 
     /// A stream that yields whenever a transaction that wrote to the outbox commits, to wake
     /// the relay; `None` (the default) where the database cannot say, and the relay polls.

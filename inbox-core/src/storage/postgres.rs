@@ -349,6 +349,13 @@ impl Backend for Postgres {
         sqlx::migrate!("./migrations/postgres")
     }
 
+    async fn dequeue(
+        connection: &mut sqlx::PgConnection,
+        receipt: &crate::queue::QueueReceipt,
+    ) -> Result<(), sqlx::Error> {
+        crate::queue::dequeue(connection, receipt).await
+    }
+
     /// `LISTEN inbox_outbox`, on a connection of its own; a lost connection ends the stream, and
     /// the relay polls from then on.
     async fn outbox_wakeups(
@@ -375,6 +382,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0004_operations.sql"),
             include_str!("../../migrations/postgres/0005_retries.sql"),
             include_str!("../../migrations/postgres/0006_outbox.sql"),
+            include_str!("../../migrations/postgres/0007_queue.sql"),
         )
     }
 }

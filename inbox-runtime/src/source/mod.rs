@@ -6,6 +6,8 @@ pub mod amqp;
 mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "postgres-queue")]
+pub mod postgres_queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 
