@@ -556,6 +556,110 @@ mod redis_broker {
     }
 }
 
+#[cfg(feature = "kafka")]
+mod kafka_broker {
+    use std::time::Duration;
+
+    use inbox::kafka::rdkafka::ClientConfig;
+    use inbox::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use inbox::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    use inbox::kafka::{KafkaPublisher, KafkaSource};
+    use inbox::{Envelope, Sink};
+
+    use super::{Features, TestBroker};
+
+    /// Partitions of each test's topic: an aggregate stays on one of them.
+    const PARTITIONS: i32 = 3;
+
+    /// A topic of the test's own, with [`PARTITIONS`] partitions, consumed by the group `group`.
+    pub struct Kafka {
+        brokers: String,
+        topic: String,
+        publisher: KafkaPublisher,
+    }
+
+    impl Kafka {
+        fn config(&self) -> ClientConfig {
+            let mut config = ClientConfig::new();
+            config.set("bootstrap.servers", &self.brokers);
+            config
+        }
+
+        fn consumer(&self, group: &str) -> KafkaSource {
+            let mut config = self.config();
+            config
+                .set("group.id", format!("{group}-{}", self.topic))
+                .set("session.timeout.ms", "6000")
+                .set("heartbeat.interval.ms", "500");
+            KafkaSource::builder(&config, &[&self.topic])
+                .commit_interval(Duration::from_millis(100))
+                .build()
+                .expect("build the source")
+        }
+    }
+
+    impl TestBroker for Kafka {
+        type Source = KafkaSource;
+        type Sink = KafkaPublisher;
+        const FEATURES: Features = Features {
+            counts_attempts: true,
+            carries_untagged: true,
+            redelivers_on_timeout: false,
+            drops_republished: false,
+        };
+        const REDELIVERY: Duration = Duration::from_secs(3);
+
+        async fn new(test: &str) -> Option<Self> {
+            let brokers = crate::common::kafka_brokers(test)?;
+            let topic = crate::common::unique(test);
+            let mut config = ClientConfig::new();
+            config.set("bootstrap.servers", &brokers);
+            let admin: AdminClient<_> = config.create().expect("an admin client");
+            let new_topic = NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1));
+            let created = admin
+                .create_topics([&new_topic], &AdminOptions::new())
+                .await;
+            for result in created.unwrap_or_else(|e| panic!("cannot reach Kafka at {brokers}: {e}"))
+            {
+                result.unwrap_or_else(|(topic, e)| panic!("cannot create topic {topic}: {e}"));
+            }
+            let publisher = KafkaPublisher::new(&config).expect("a producer");
+            Some(Kafka {
+                brokers,
+                topic,
+                publisher,
+            })
+        }
+
+        async fn source(&self) -> Self::Source {
+            self.consumer("group")
+        }
+
+        async fn patient_source(&self) -> Self::Source {
+            self.consumer("patient")
+        }
+
+        async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
+            self.publisher.publish(&self.topic, envelope).await
+        }
+
+        async fn sink(&self) -> KafkaPublisher {
+            self.publisher.clone()
+        }
+
+        fn destination(&self) -> String {
+            self.topic.clone()
+        }
+
+        async fn publish_untagged(&self, payload: &[u8]) {
+            let producer: FutureProducer = self.config().create().expect("a producer");
+            let record = FutureRecord::<(), _>::to(&self.topic).payload(payload);
+            let sent = producer.send(record, Duration::from_secs(10)).await;
+            sent.map_err(|(e, _)| e).expect("publish");
+        }
+    }
+}
+
 #[cfg(feature = "postgres-queue")]
 mod postgres_queue_broker {
     use std::time::Duration;
@@ -1178,10 +1282,14 @@ mod relay {
             sent: Arc::clone(&sent),
             died: Arc::clone(&died),
         };
-        let lease = Duration::from_millis(500);
+        // Long enough for a first publication's confirm (Kafka's idempotent producer first asks
+        // the broker for its id), as a relay waits at most half its lease.
+        let lease = Duration::from_secs(2);
         let relay = Relay::new(pool.clone(), dying).lease(lease);
         let batch = tokio::spawn(async move { relay.publish_batch().await });
-        died.notified().await;
+        tokio::time::timeout(Duration::from_secs(30), died.notified())
+            .await
+            .expect("the relay published three messages");
         batch.abort();
         assert!(batch.await.is_err_and(|e| e.is_cancelled()));
         tokio::time::sleep(lease).await;
@@ -1294,3 +1402,5 @@ conformance!(rabbitmq, crate::rabbitmq_broker::RabbitMq);
 conformance!(redis_streams, crate::redis_broker::RedisStreams);
 #[cfg(feature = "postgres-queue")]
 conformance!(postgres_queue, crate::postgres_queue_broker::PostgresQueue);
+#[cfg(feature = "kafka")]
+conformance!(kafka, crate::kafka_broker::Kafka);

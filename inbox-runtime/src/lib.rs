@@ -21,6 +21,8 @@ pub use registry::BuildError;
 pub use route::Handled;
 #[cfg(feature = "amqp")]
 pub use source::amqp;
+#[cfg(feature = "kafka")]
+pub use source::kafka;
 #[cfg(feature = "nats")]
 pub use source::nats;
 #[cfg(feature = "postgres-queue")]

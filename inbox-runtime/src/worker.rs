@@ -483,6 +483,10 @@ async fn settle_delivery<DB: Backend>(
         }
         Settlement::Retry(delay) => {
             report.failed += 1;
+            acker.retry_later(delay).await
+        }
+        Settlement::HandBack(delay) => {
+            report.failed += 1;
             acker.nack(delay).await
         }
         Settlement::Reject(reason) => {
@@ -511,8 +515,11 @@ enum Settlement {
     /// Every handler is done with it, and for one of them it is dead and kept: the broker must not
     /// deliver it again.
     Terminate,
-    /// Deliver it again after this delay.
+    /// A handler failed and its failure is recorded: the store retries it after this delay (and
+    /// the broker may deliver it again then).
     Retry(Duration),
+    /// It was not handled, and nothing of it is recorded: deliver it again after this delay.
+    HandBack(Duration),
     /// It cannot be handled, for this reason: keep it as rejected, then acknowledge it.
     Reject(String),
 }
@@ -528,6 +535,7 @@ enum Settlement {
 ///   and kept as rejected after [`UNHANDLED_LIMIT`] such deliveries.
 fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunReport) -> Settlement {
     let mut retry: Option<Duration> = None;
+    let mut hand_back: Option<Duration> = None;
     let mut dead = false;
     for result in results {
         let delay = match result {
@@ -565,14 +573,17 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
             }
             Err(error) => {
                 tracing::warn!(%error, attempt, "handling failed before the failure could be recorded; handing the delivery back");
-                growing_delay(attempt)
+                let delay = growing_delay(attempt);
+                hand_back = Some(hand_back.map_or(delay, |shortest| shortest.min(delay)));
+                continue;
             }
         };
         retry = Some(retry.map_or(delay, |shortest| shortest.min(delay)));
     }
-    match (retry, dead) {
-        (Some(delay), _) => Settlement::Retry(delay),
-        (None, true) => Settlement::Terminate,
-        (None, false) => Settlement::Ack,
+    match (hand_back, retry, dead) {
+        (Some(delay), _, _) => Settlement::HandBack(delay),
+        (None, Some(delay), _) => Settlement::Retry(delay),
+        (None, None, true) => Settlement::Terminate,
+        (None, None, false) => Settlement::Ack,
     }
 }

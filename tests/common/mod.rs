@@ -29,6 +29,9 @@ pub const AMQP_URL_VAR: &str = "INBOX_TEST_AMQP_URL";
 /// The variable that points the broker tests at a Redis server.
 pub const REDIS_URL_VAR: &str = "INBOX_TEST_REDIS_URL";
 
+/// The variable that holds a Kafka broker's bootstrap servers (`host:port,...`).
+pub const KAFKA_BROKERS_VAR: &str = "INBOX_TEST_KAFKA_BROKERS";
+
 /// A test's own SQL for `DB`: MySQL takes `?` where the tests write `$1`, `$2`, ...
 pub fn sql<DB: sqlx::Database>(sql: &str) -> sqlx::AssertSqlSafe<String> {
     if DB::NAME != "MySQL" {
@@ -204,6 +207,11 @@ pub fn amqp_url(test: &str) -> Option<String> {
 /// The URL of the Redis server, like [`nats_url`].
 pub fn redis_url(test: &str) -> Option<String> {
     server_url(REDIS_URL_VAR, "Redis", test)
+}
+
+/// The bootstrap servers of the Kafka broker, like [`nats_url`].
+pub fn kafka_brokers(test: &str) -> Option<String> {
+    server_url(KAFKA_BROKERS_VAR, "Kafka", test)
 }
 
 /// The URL of the server `var` names, or `None` (with a line saying so) when it is not set.

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -60,6 +62,17 @@ pub trait Acknowledge: Send + 'static {
     /// The delivery was not handled: the broker should deliver it again, not before `delay` where
     /// it can (brokers without delayed redelivery redeliver when they redeliver).
     fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>>;
+    /// Handling the delivery failed, and the inbox recorded the failure with the message: it
+    /// retries the message from its own store once `delay` has passed, whether or not the broker
+    /// delivers it again. By default a nack with the delay, for brokers that can hand back one
+    /// message; a broker that cannot (Kafka, whose consumers commit offsets, not messages) takes
+    /// the delivery as settled.
+    fn retry_later(
+        self: Box<Self>,
+        delay: Duration,
+    ) -> BoxFuture<'static, Result<(), SourceError>> {
+        self.nack(delay)
+    }
     /// The inbox has kept the message itself (dead, or rejected with its bytes), so the broker
     /// must never deliver it again (JetStream `TERM`); an operator replays it from the inbox.
     /// By default, an ack.
