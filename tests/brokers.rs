@@ -2,9 +2,10 @@
 //! [`TestBroker`], which says what the broker promises ([`Features`]); what it does not promise is
 //! not tested. The inbox side runs on SQLite.
 //!
-//! Brokers: the in-memory broker always; NATS JetStream, RabbitMQ and Redis Streams when
-//! `INBOX_TEST_NATS_URL`, `INBOX_TEST_AMQP_URL` and `INBOX_TEST_REDIS_URL` are set, and the
-//! PostgreSQL queue when `INBOX_TEST_POSTGRES_URL` is (each required under `CI=true`).
+//! Brokers: the in-memory broker always; NATS JetStream, RabbitMQ, Redis Streams and Kafka when
+//! `INBOX_TEST_NATS_URL`, `INBOX_TEST_AMQP_URL`, `INBOX_TEST_REDIS_URL` and
+//! `INBOX_TEST_KAFKA_BROKERS` are set, and the PostgreSQL queue when `INBOX_TEST_POSTGRES_URL` is
+//! (each required under `CI=true`).
 
 mod common;
 

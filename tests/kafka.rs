@@ -1,0 +1,256 @@
+//! Kafka beyond the conformance suite (tests/brokers.rs): the offset a consumer group commits is
+//! never ahead of a message still in flight, so a consumer killed mid-batch loses nothing and the
+//! next one handles every message once; a failed message does not hold its partition up, and the
+//! runtime retries it from the store. Runs when `INBOX_TEST_KAFKA_BROKERS` and
+//! `INBOX_TEST_POSTGRES_URL` are set (required under `CI=true`): the inbox runs on PostgreSQL,
+//! where a handler stalled in its transaction holds up no other aggregate.
+#![cfg(feature = "kafka")]
+
+mod common;
+
+use std::time::Duration;
+
+use inbox::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use inbox::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+use inbox::kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use inbox::kafka::{KafkaPublisher, KafkaSource};
+use inbox::prelude::*;
+use inbox::{RetryPolicy, Sink};
+
+use common::ledger::Credited;
+
+common::ledger::ledger_handlers!(sqlx::Postgres, sqlx::PgConnection);
+common::queries::ledger_queries!(sqlx::Postgres, crate::common::postgres);
+
+/// A topic of one partition (so that offsets follow the order of publication), and its group.
+struct Topic {
+    brokers: String,
+    name: String,
+}
+
+impl Topic {
+    /// A new topic, or `None` (with a line saying so) when Kafka is not configured.
+    async fn new(test: &str) -> Option<Self> {
+        let brokers = common::kafka_brokers(test)?;
+        let name = common::unique(test);
+        let admin: AdminClient<_> = config(&brokers).create().expect("an admin client");
+        let topic = NewTopic::new(&name, 1, TopicReplication::Fixed(1));
+        let created = admin.create_topics([&topic], &AdminOptions::new()).await;
+        for result in created.unwrap_or_else(|e| panic!("cannot reach Kafka at {brokers}: {e}")) {
+            result.unwrap_or_else(|(topic, e)| panic!("cannot create topic {topic}: {e}"));
+        }
+        Some(Topic { brokers, name })
+    }
+
+    /// Publishes `events` in this order, each keyed by its account.
+    async fn publish(&self, events: &[Credited]) {
+        let publisher = KafkaPublisher::new(&config(&self.brokers)).expect("a producer");
+        for event in events {
+            let envelope = Envelope::encode(format!("delivery-{}", event.event_id), event)
+                .expect("encode")
+                .with_header(inbox::outbox::AGGREGATE_ID, event.account.as_str());
+            publisher
+                .publish(&self.name, &envelope)
+                .await
+                .expect("publish");
+        }
+    }
+
+    /// The group's consumer config.
+    fn group_config(&self) -> ClientConfig {
+        let mut config = config(&self.brokers);
+        config
+            .set("group.id", format!("group-{}", self.name))
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500");
+        config
+    }
+
+    /// A consumer of the group, committing every 100 ms.
+    fn source(&self) -> KafkaSource {
+        KafkaSource::builder(&self.group_config(), &[&self.name])
+            .commit_interval(Duration::from_millis(100))
+            .build()
+            .expect("build the source")
+    }
+
+    /// The offset the group has committed on the partition, if any.
+    fn committed(&self) -> Option<i64> {
+        let consumer: BaseConsumer = self.group_config().create().expect("a consumer");
+        let mut partitions = TopicPartitionList::new();
+        partitions.add_partition(&self.name, 0);
+        let committed = consumer
+            .committed_offsets(partitions, Duration::from_secs(10))
+            .expect("read the committed offsets");
+        match committed.elements()[0].offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        }
+    }
+}
+
+fn config(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    config
+}
+
+/// The event whose first attempt stalls for good.
+static STALLED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Credits; the first attempt at `e-5` stalls for an hour, inside its transaction.
+#[inbox_handler(key = "event_id", aggregate = "account", name = "stall_e5")]
+async fn stall_e5(tx: &mut sqlx::PgConnection, msg: Credited) -> Result<(), HandlerError> {
+    let first = {
+        let mut stalled = STALLED.lock().unwrap();
+        let first = msg.event_id == "e-5" && !stalled.contains(&msg.event_id);
+        stalled.push(msg.event_id.clone());
+        first
+    };
+    if first {
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+    }
+    apply_credit(tx, &msg).await
+}
+
+/// Runs `inbox` over `source` until `applied` events are applied (or a minute passed).
+async fn run_until_applied(
+    inbox: &Inbox<sqlx::Postgres>,
+    pool: &Pool,
+    source: KafkaSource,
+    applied: i64,
+) -> inbox::RunReport {
+    let pool = pool.clone();
+    let done = async move {
+        for _ in 0..1_200 {
+            if count(&pool, "applied").await >= applied {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    inbox.run_until(source, done).await.expect("run")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_batch_commits_nothing_past_unsettled_work_and_loses_nothing() {
+    let Some(topic) = Topic::new("kafka_killed").await else {
+        return;
+    };
+    let Some(pool) = ledger("kafka_killed").await else {
+        return;
+    };
+    // Twenty accounts, one event each, on one partition: e-5 at offset 5.
+    let events: Vec<_> = (0..20)
+        .map(|n| Credited::new(format!("e-{n}"), format!("acct-{n}"), 1, 1))
+        .collect();
+    topic.publish(&events).await;
+    let inbox = Inbox::builder(pool.clone())
+        .handler(stall_e5)
+        .build()
+        .await
+        .unwrap();
+
+    // The run lives on a runtime of its own, shut down while e-5 is in flight and everything
+    // after it is done and settled, past several commit intervals.
+    let (source, killed, counted) = (topic.source(), inbox.clone(), pool.clone());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.spawn(async move { killed.run(source).await });
+        runtime.block_on(common::eventually_async("the other 19 applied", || async {
+            count(&counted, "applied").await == 19
+        }));
+        std::thread::sleep(Duration::from_millis(500));
+        runtime.shutdown_background();
+    })
+    .join()
+    .unwrap();
+
+    let committed = tokio::task::block_in_place(|| topic.committed());
+    assert!(
+        committed.is_none_or(|offset| offset <= 5),
+        "the group committed {committed:?}, past e-5 (offset 5), which was never handled"
+    );
+    let report = run_until_applied(&inbox, &pool, topic.source(), 20).await;
+    assert_eq!(count(&pool, "applied").await, 20, "{report:?}");
+    for n in 0..20 {
+        let account = format!("acct-{n}");
+        assert_eq!(balance(&pool, &account).await, 1, "{account}: {report:?}");
+    }
+    assert_eq!(report.count(Outcome::Processed), 1, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_message_settles_its_offset_and_is_retried_from_the_store() {
+    let Some(topic) = Topic::new("kafka_failed").await else {
+        return;
+    };
+    let Some(pool) = ledger("kafka_failed").await else {
+        return;
+    };
+    // a#1 fails until its crash point is removed; a#2 parks behind it; b applies meanwhile.
+    sqlx::query("INSERT INTO crash_points (account, sequence) VALUES ('a', 1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let events = [
+        Credited::new("a-1", "a", 1, 1),
+        Credited::new("a-2", "a", 2, 10),
+        Credited::new("b-1", "b", 1, 1),
+        Credited::new("b-2", "b", 2, 1),
+        Credited::new("b-3", "b", 3, 1),
+    ];
+    topic.publish(&events).await;
+    let inbox = Inbox::builder(pool.clone())
+        .handler(credit_strict)
+        .retry(
+            RetryPolicy::new(100).backoff(Duration::from_millis(200), Duration::from_millis(200)),
+        )
+        .sweep_interval(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+
+    let run = {
+        let (inbox, pool, source) = (inbox.clone(), pool.clone(), topic.source());
+        tokio::spawn(async move { run_until_applied(&inbox, &pool, source, 5).await })
+    };
+    let mut committed = None;
+    for _ in 0..100 {
+        committed = tokio::task::block_in_place(|| topic.committed());
+        if committed == Some(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        committed,
+        Some(5),
+        "the failed message held its partition up"
+    );
+    assert_eq!(
+        status(&pool, "credit_strict", "a-1").await.as_deref(),
+        Some("failed"),
+        "a#1 is kept as failed, to be retried from the store"
+    );
+    assert_eq!(count(&pool, "applied").await, 3, "only b applied");
+
+    sqlx::query("DELETE FROM crash_points")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = run.await.unwrap();
+
+    assert_eq!(count(&pool, "applied").await, 5, "{report:?}");
+    let order: Vec<i64> = applied(&pool, "a")
+        .await
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(order, [1, 2], "{report:?}");
+    assert_eq!(balance(&pool, "a").await, 11);
+}
