@@ -768,25 +768,6 @@ fn envelope(event: &Credited) -> Envelope {
     Envelope::encode(format!("delivery-{}", event.event_id), event).expect("encode")
 }
 
-/// Runs `inbox` over `source` until `processed` messages are applied (or a minute passed).
-async fn run_until_applied<S: Source>(
-    inbox: &Inbox<sqlx::Sqlite>,
-    pool: &Pool,
-    source: S,
-    processed: i64,
-) -> RunReport {
-    let pool = pool.clone();
-    let done = async move {
-        for _ in 0..1_200 {
-            if count(&pool, "applied").await >= processed {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    inbox.run_until(source, done).await.expect("run")
-}
-
 /// A stream of `accounts × per_account` events, every third one twice, shuffled.
 fn shuffled_stream(accounts: usize, per_account: i64) -> (Vec<Credited>, usize) {
     let mut stream = Vec::new();

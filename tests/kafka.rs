@@ -113,25 +113,6 @@ async fn stall_e5(tx: &mut sqlx::PgConnection, msg: Credited) -> Result<(), Hand
     apply_credit(tx, &msg).await
 }
 
-/// Runs `inbox` over `source` until `applied` events are applied (or a minute passed).
-async fn run_until_applied(
-    inbox: &Inbox<sqlx::Postgres>,
-    pool: &Pool,
-    source: KafkaSource,
-    applied: i64,
-) -> inbox::RunReport {
-    let pool = pool.clone();
-    let done = async move {
-        for _ in 0..1_200 {
-            if count(&pool, "applied").await >= applied {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    inbox.run_until(source, done).await.expect("run")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_mid_batch_commits_nothing_past_unsettled_work_and_loses_nothing() {
     let Some(topic) = Topic::new("kafka_killed").await else {

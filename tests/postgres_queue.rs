@@ -87,25 +87,6 @@ impl Source for NeverSettled {
     }
 }
 
-/// Runs `inbox` over `source` until `applied` events are applied (or a minute passed).
-async fn run_until_applied<S: Source>(
-    inbox: &Inbox<sqlx::Postgres>,
-    pool: &Pool,
-    source: S,
-    applied: i64,
-) -> inbox::RunReport {
-    let pool = pool.clone();
-    let done = async move {
-        for _ in 0..1_200 {
-            if count(&pool, "applied").await >= applied {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    inbox.run_until(source, done).await.expect("run")
-}
-
 #[tokio::test]
 async fn a_message_whose_handling_committed_is_never_delivered_again() {
     never_delivered_again_after_commit(None).await;

@@ -2,7 +2,8 @@
 //! `ledger_queries!`, next to the handlers of `ledger_handlers!`.
 
 /// Defines, for `Pool<$db>`: `ledger` (a database from `$connect` with the ledger's tables),
-/// `second_pool`, `balance`, `applied`, `count`, `status`, `last_sequence` and `freeze`.
+/// `second_pool`, `balance`, `applied`, `count`, `status`, `last_sequence`, `freeze` and
+/// `run_until_applied`.
 #[allow(unused_macros)]
 macro_rules! ledger_queries {
     ($db:ty, $connect:path) => {
@@ -88,6 +89,25 @@ macro_rules! ledger_queries {
                     .await
                     .expect("freeze account");
             }
+        }
+
+        /// Runs `inbox` over `source` until `applied` events are applied (or a minute passed).
+        pub async fn run_until_applied<S: inbox::Source>(
+            inbox: &inbox::Inbox<$db>,
+            pool: &Pool,
+            source: S,
+            applied: i64,
+        ) -> inbox::RunReport {
+            let pool = pool.clone();
+            let done = async move {
+                for _ in 0..1_200 {
+                    if count(&pool, "applied").await >= applied {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            };
+            inbox.run_until(source, done).await.expect("run")
         }
         }
     };
