@@ -79,7 +79,10 @@ pub async fn run<S: Source>(
     let (orders, per_order) = (20, 10);
     let stream = payments(orders, per_order);
     for payment in &stream {
-        let envelope = Envelope::encode(payment.event_id.to_string(), payment)?;
+        // The aggregate's id travels with the message: Kafka keys the record by it, so an order
+        // stays on one partition.
+        let envelope = Envelope::encode(payment.event_id.to_string(), payment)?
+            .with_header(inbox::outbox::AGGREGATE_ID, payment.order_id.as_str());
         publisher.publish(destination, &envelope).await?;
     }
     println!(
