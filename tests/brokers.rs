@@ -1045,24 +1045,13 @@ mod suite {
             .await
             .unwrap();
 
-        // The run lives on a runtime of its own, shut down while the handler is in flight: every
-        // task stops where it is, as in a process killed.
-        let (source, killed) = (broker.source().await, inbox.clone());
+        // The run is killed while the handler is in flight.
         let stalled = event_id.clone();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.spawn(async move { killed.run(source).await });
+        common::run_then_kill(inbox.clone(), broker.source().await, async move {
             while !STALLED.lock().unwrap().contains(&stalled) {
-                std::thread::sleep(Duration::from_millis(5));
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            runtime.shutdown_background();
-        })
-        .join()
-        .unwrap();
+        });
 
         let report = run_until_applied(&inbox, &pool, broker.source().await, 1).await;
 

@@ -132,24 +132,16 @@ async fn a_consumer_killed_mid_batch_commits_nothing_past_unsettled_work_and_los
         .await
         .unwrap();
 
-    // The run lives on a runtime of its own, shut down while e-5 is in flight and everything
-    // after it is done and settled, past several commit intervals.
-    let (source, killed, counted) = (topic.source(), inbox.clone(), pool.clone());
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.spawn(async move { killed.run(source).await });
-        runtime.block_on(common::eventually_async("the other 19 applied", || async {
+    // The run is killed while e-5 is in flight and everything after it is done and settled,
+    // past several commit intervals.
+    let counted = pool.clone();
+    common::run_then_kill(inbox.clone(), topic.source(), async move {
+        common::eventually_async("the other 19 applied", || async {
             count(&counted, "applied").await == 19
-        }));
-        std::thread::sleep(Duration::from_millis(500));
-        runtime.shutdown_background();
-    })
-    .join()
-    .unwrap();
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
 
     let committed = tokio::task::block_in_place(|| topic.committed());
     assert!(

@@ -300,3 +300,25 @@ pub async fn eventually_async<F: std::future::Future<Output = bool>>(
 pub async fn eventually(what: &str, done: impl Fn() -> bool) {
     eventually_async(what, || std::future::ready(done())).await
 }
+
+/// Runs `inbox` over `source` on a runtime of its own, and shuts that runtime down once `kill`
+/// completes (it runs there too): every task stops where it is, as in a process killed.
+#[allow(dead_code)]
+pub fn run_then_kill<DB: inbox::Backend, S: inbox::Source + Send + 'static>(
+    inbox: inbox::Inbox<DB>,
+    source: S,
+    kill: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.spawn(async move { inbox.run(source).await });
+        runtime.block_on(kill);
+        runtime.shutdown_background();
+    })
+    .join()
+    .expect("the killed run's thread");
+}
