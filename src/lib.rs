@@ -81,6 +81,47 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## State
+//!
+//! A handler can take the application's state (an HTTP client, configuration, a cache) as a
+//! [`State<T>`] parameter between its database handle and its message. The state is registered on
+//! the builder, before the handlers that take it; a handler whose state the builder does not have
+//! does not compile. [`FromRef`] hands a handler one part of a larger state.
+//!
+//! ```
+//! use inbox::prelude::*;
+//!
+//! #[derive(Clone)]
+//! struct Shop { vat_percent: i64 }
+//!
+//! #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+//! struct OrderPaid { event_id: u64, amount: i64 }
+//!
+//! #[inbox_handler(key = "event_id")]
+//! async fn book_vat(tx: &mut sqlx::SqliteConnection, State(shop): State<Shop>, msg: OrderPaid) -> Result<(), HandlerError> {
+//!     let vat = msg.amount * shop.vat_percent / 100;
+//!     sqlx::query("INSERT INTO vat (amount) VALUES ($1)").bind(vat).execute(&mut *tx).await?;
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! inbox::migrate(&pool).await?;
+//! sqlx::query("CREATE TABLE vat (amount INTEGER)").execute(&pool).await?;
+//!
+//! // With the runtime: the state first, then the handlers that take it.
+//! let inbox = Inbox::builder(pool.clone()).state(Shop { vat_percent: 20 }).handler(book_vat).build().await?;
+//!
+//! // Without it, bound to its state, it is a plain handler.
+//! let bound = book_vat.with_state(Shop { vat_percent: 20 });
+//! assert_eq!(bound.process(&pool, OrderPaid { event_id: 1, amount: 50 }).await?, Outcome::Processed);
+//! let vat: i64 = sqlx::query_scalar("SELECT amount FROM vat").fetch_one(&pool).await?;
+//! assert_eq!(vat, 10);
+//! # drop(inbox);
+//! # Ok(()) }
+//! ```
+//!
 //! The first parameter names the database: `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`,
 //! `&mut sqlx::MySqlConnection` (feature `mysql`),
 //! `&mut sqlx::Transaction<'_, DB>` or `&mut inbox::Context<'_, DB>` (the transaction plus the
@@ -92,12 +133,13 @@
 pub use inbox_core::storage;
 pub use inbox_core::{
     Backend, Context, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT,
-    DatabaseHandle, DeadLetterFilter, DeadReason, Envelope, Error, ExpiredGap, Handler,
-    HandlerError, HandlerStatus, Headers, Identifier, Identity, MAX_ID_LEN, MAX_SEQUENCE,
-    MIGRATIONS_TABLE, Message, MessageKey, MessageStatus, Ordering, Outcome, Process, PurgeLeader,
-    PurgePreview, PurgeReport, RELEASES_PER_MESSAGE, RejectedDelivery, Retention, RetryPolicy,
-    SequenceNumber, Status, StoredMessage, Stream, migrate, open_gap, purge, purge_preview,
-    request_replay, schema, sqlite_options, status,
+    DatabaseHandle, DeadLetterFilter, DeadReason, Envelope, Error, ExpiredGap, FromRef, Handler,
+    HandlerError, HandlerResult, HandlerStatus, Headers, Identifier, Identity, IntoHandler,
+    MAX_ID_LEN, MAX_SEQUENCE, MIGRATIONS_TABLE, Message, MessageKey, MessageStatus, Ordering,
+    Outcome, Permanence, Process, PurgeLeader, PurgePreview, PurgeReport, RELEASES_PER_MESSAGE,
+    RejectedDelivery, Retention, RetryPolicy, SequenceNumber, State, Stateful, Stateless, Status,
+    StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema,
+    sqlite_options, status,
 };
 pub use inbox_macros::{Message, inbox_handler};
 pub use inbox_runtime::*;
@@ -113,7 +155,7 @@ pub mod outbox {
 pub mod prelude {
     pub use crate::{
         Context, Envelope, Handler, HandlerError, Inbox, Message, Outcome, Process, RetryPolicy,
-        inbox_handler,
+        State, inbox_handler,
     };
     pub use serde::{Deserialize, Serialize};
     pub use uuid::Uuid;
@@ -123,10 +165,17 @@ pub mod prelude {
 #[doc(hidden)]
 pub mod __private {
     pub use futures::future::BoxFuture;
+    pub use inbox_core::classify;
     pub use inbox_core::{
         Backend, Context, DEFAULT_GAP_TIMEOUT, DatabaseHandle, Error, Handler, HandlerError,
-        HandlerResult, Identifier, Identity, Message, Ordering, SequenceNumber,
+        HandlerResult, Identifier, Identity, IntoHandler, Message, Ordering, SequenceNumber,
     };
+    pub use inbox_core::{FromRef, State, Stateful};
+
+    /// A handler's own clone of its state, which must be `Clone + Send + Sync + 'static`.
+    pub fn clone_state<T: Clone + Send + Sync + 'static>(state: &T) -> T {
+        state.clone()
+    }
     pub use sqlx::Connection;
     pub use std::borrow::Cow;
 }

@@ -162,17 +162,84 @@ fn refuses_input(error: &dyn sqlx::error::DatabaseError) -> bool {
 /// let err = HandlerError::msg("order 7 is closed");
 /// assert_eq!(err.to_string(), "order 7 is closed");
 /// ```
+///
+/// A handler may also return its own error type, `anyhow::Error`, or a boxed error: whatever
+/// converts into `Box<dyn std::error::Error + Send + Sync>`. Its own type says which of its values
+/// are permanent by implementing [`Permanence`].
+///
+/// `HandlerError` does not implement `std::error::Error` itself, for the reason `anyhow::Error`
+/// does not: it could not then convert from every error with `?`. It converts into
+/// `Box<dyn Error>` instead, so a test returning `Result<(), Box<dyn Error>>` can call a handler
+/// with `?`:
+///
+/// ```
+/// use inbox_core::HandlerError;
+///
+/// fn check(amount: i64) -> Result<(), HandlerError> {
+///     if amount < 0 { return Err(HandlerError::msg("a negative amount")); }
+///     Ok(())
+/// }
+///
+/// fn test() -> Result<(), Box<dyn std::error::Error>> {
+///     check(5)?;
+///     check(-1)?;
+///     Ok(())
+/// }
+/// assert_eq!(test().unwrap_err().to_string(), "a negative amount");
+/// ```
 pub struct HandlerError {
     inner: Box<dyn std::error::Error + Send + Sync + 'static>,
     permanent: bool,
 }
 
+/// An error that retrying cannot fix is *permanent*: the message is dead at once instead of
+/// being retried. A handler that returns its own error type implements this to say which of its
+/// values are permanent; every value is transient by default.
+///
+/// ```
+/// use inbox_core::Permanence;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum ShopError {
+///     #[error("order {0} does not exist")]
+///     UnknownOrder(String),
+///     #[error(transparent)]
+///     Database(#[from] sqlx::Error),
+/// }
+///
+/// impl Permanence for ShopError {
+///     fn is_permanent(&self) -> bool {
+///         matches!(self, ShopError::UnknownOrder(_))
+///     }
+/// }
+/// # assert!(ShopError::UnknownOrder("o-7".into()).is_permanent());
+/// ```
+///
+/// A handler returning `Result<(), ShopError>` then has an unknown order dead at its first
+/// attempt, and a database error retried by the retry policy. (Inside a handler that returns
+/// `HandlerError`, `?` cannot see this trait; wrap with [`HandlerError::permanent`] there.)
+pub trait Permanence {
+    /// Whether retrying cannot help. The default: every value is transient.
+    fn is_permanent(&self) -> bool {
+        false
+    }
+}
+
 impl HandlerError {
     /// An error carrying only a message.
     pub fn msg(message: impl fmt::Display) -> Self {
-        Self {
-            inner: message.to_string().into(),
-            permanent: false,
+        Self::new(message.to_string())
+    }
+
+    /// Wraps any error (or a message: `String` and `&str` convert too), as transient. A
+    /// `HandlerError` that went through a `Box<dyn Error>` is recovered as it was.
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        match error.into().downcast::<Boxed>() {
+            Ok(boxed) => boxed.0,
+            Err(inner) => Self {
+                inner,
+                permanent: false,
+            },
         }
     }
 
@@ -182,14 +249,14 @@ impl HandlerError {
     /// ```
     /// use inbox_core::HandlerError;
     ///
-    /// let error = HandlerError::permanent(HandlerError::msg("order 7 does not exist"));
+    /// let error = HandlerError::permanent("order 7 does not exist");
     /// assert!(error.is_permanent());
     /// assert!(!HandlerError::msg("timeout").is_permanent());
     /// ```
-    pub fn permanent(error: impl Into<HandlerError>) -> Self {
+    pub fn permanent(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Self {
             permanent: true,
-            ..error.into()
+            ..Self::new(error)
         }
     }
 
@@ -213,6 +280,40 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
     }
 }
 
+/// A `HandlerError` as a `std::error::Error`, inside the boxes it converts into; downcast back by
+/// [`HandlerError::new`], so its permanence survives the trip.
+struct Boxed(HandlerError);
+
+impl fmt::Debug for Boxed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Boxed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Boxed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.inner.source()
+    }
+}
+
+impl From<HandlerError> for Box<dyn std::error::Error + Send + Sync + 'static> {
+    fn from(error: HandlerError) -> Self {
+        Box::new(Boxed(error))
+    }
+}
+
+impl From<HandlerError> for Box<dyn std::error::Error + 'static> {
+    fn from(error: HandlerError) -> Self {
+        Box::new(Boxed(error))
+    }
+}
+
 impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self.inner, f)
@@ -222,5 +323,65 @@ impl fmt::Debug for HandlerError {
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+/// How generated code turns a handler's error into a [`HandlerError`]: an error type that
+/// implements [`Permanence`] is asked (the first impl, found through one more reference), any
+/// other is transient. Not public API.
+#[doc(hidden)]
+pub mod classify {
+    use super::{HandlerError, Permanence};
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+    /// A handler's error on its way into a [`HandlerError`].
+    pub struct Failure<E>(core::cell::Cell<Option<E>>);
+
+    impl<E> Failure<E> {
+        /// Wraps the error.
+        pub fn new(error: E) -> Self {
+            Self(core::cell::Cell::new(Some(error)))
+        }
+
+        /// The error, once (later calls say that it was taken).
+        fn take(&self, boxed: fn(E) -> BoxError) -> BoxError {
+            match self.0.take() {
+                Some(error) => boxed(error),
+                None => "the handler's error was already taken".into(),
+            }
+        }
+    }
+
+    /// Chosen when the error type implements [`Permanence`].
+    pub trait Classified<E> {
+        /// The error, permanent if its type says so; `boxed` converts it.
+        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError;
+    }
+
+    impl<E: Permanence> Classified<E> for &Failure<E> {
+        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError {
+            let permanent = self
+                .0
+                .take()
+                .map(|error| (error.is_permanent(), boxed(error)));
+            match permanent {
+                Some((true, error)) => HandlerError::permanent(error),
+                Some((false, error)) => HandlerError::new(error),
+                None => HandlerError::new(self.take(boxed)),
+            }
+        }
+    }
+
+    /// Chosen for every other error type.
+    pub trait Unclassified<E> {
+        /// The error, as it is (a `HandlerError` keeps its permanence), else transient.
+        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError;
+    }
+
+    impl<E> Unclassified<E> for Failure<E> {
+        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError {
+            HandlerError::new(self.take(boxed))
+        }
     }
 }

@@ -25,7 +25,8 @@ pub const DEFAULT_CONSUMER: &str = "default";
 /// a reason to implement it by hand.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an inbox handler for this database",
-    note = "annotate an `async fn` with `#[inbox_handler(key = \"...\")]`, and check that its first parameter is a handle of the pool's database"
+    note = "annotate an `async fn` with `#[inbox_handler(key = \"...\")]`, and check that its first parameter is a handle of the pool's database",
+    note = "a handler that takes `State<T>` is bound to its state first: `handler.with_state(state)`"
 )]
 pub trait Handler<DB: Backend>: Send + Sync + 'static {
     /// The message type this handler takes.
@@ -51,21 +52,34 @@ pub trait Handler<DB: Backend>: Send + Sync + 'static {
     ) -> BoxFuture<'c, Result<(), HandlerError>>;
 }
 
-/// The return type of a handler function: `Result<(), E>` where `E` converts into
-/// [`HandlerError`].
-#[doc(hidden)]
+/// The return types a handler function may have: `Result<(), E>` where `E` is
+/// [`HandlerError`], any `std::error::Error + Send + Sync + 'static` (the user's own, which may
+/// implement [`Permanence`](crate::Permanence)), `anyhow::Error`, or anything else that converts
+/// into `Box<dyn std::error::Error + Send + Sync>`.
 #[diagnostic::on_unimplemented(
-    message = "an inbox handler must return `Result<(), E>` where `E` converts into `HandlerError`",
-    label = "this return type is not `Result<(), E>` with a convertible error",
-    note = "return `Result<(), inbox::HandlerError>`, or a `Result<(), E>` whose `E` implements `std::error::Error + Send + Sync + 'static`"
+    message = "an inbox handler must return `Result<(), E>` where `E` is an error",
+    label = "this return type is not `Result<(), E>` with an error type",
+    note = "return `Result<(), inbox::HandlerError>`, `anyhow::Result<()>`, or a `Result<(), E>` whose `E` implements `std::error::Error + Send + Sync + 'static`"
 )]
 pub trait HandlerResult {
-    /// Converts the handler's result.
-    fn into_handler_result(self) -> Result<(), HandlerError>;
+    /// The error type.
+    type Error;
+
+    /// The result, with its error type named.
+    fn into_result(self) -> Result<(), Self::Error>;
+
+    /// Boxes the error.
+    fn boxed(error: Self::Error) -> Box<dyn std::error::Error + Send + Sync + 'static>;
 }
 
-impl<E: Into<HandlerError>> HandlerResult for Result<(), E> {
-    fn into_handler_result(self) -> Result<(), HandlerError> {
-        self.map_err(Into::into)
+impl<E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>> HandlerResult for Result<(), E> {
+    type Error = E;
+
+    fn into_result(self) -> Result<(), E> {
+        self
+    }
+
+    fn boxed(error: E) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        error.into()
     }
 }

@@ -19,6 +19,7 @@ mod process;
 pub mod queue;
 mod retention;
 mod retry;
+mod state;
 mod status;
 pub mod storage;
 mod text;
@@ -26,7 +27,9 @@ mod text;
 pub use connection::{Connect, KeptConnection};
 pub use context::{Context, DatabaseHandle};
 pub use envelope::Envelope;
-pub use error::{Error, HandlerError};
+#[doc(hidden)]
+pub use error::classify;
+pub use error::{Error, HandlerError, Permanence};
 pub use guard::{
     ExpiredGap, Guarded, RELEASES_PER_MESSAGE, Received, discard, expire_gaps, open_gap, process,
     release, replay, request_replay, resume, retry_due, skip_gap,
@@ -41,6 +44,7 @@ pub use outcome::Outcome;
 pub use process::Process;
 pub use retention::{PurgeReport, Retention, purge, purge_preview};
 pub use retry::{DEFAULT_ATTEMPT_TIMEOUT, RetryPolicy};
+pub use state::{FromRef, IntoHandler, State, Stateful, Stateless};
 pub use status::{Status, status};
 pub use storage::messages::{Claimed, Seen, StoredPayload};
 pub use storage::operators::{DeadLetterFilter, HandlerStatus, RejectedDelivery, StoredMessage};

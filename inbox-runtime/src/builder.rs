@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
-use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, Retention, RetryPolicy};
+use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, IntoHandler, Retention, RetryPolicy};
 use sqlx::Pool;
 
 use crate::batch::Batch;
@@ -13,8 +13,15 @@ use crate::inbox::{Inbox, Shared, UnknownTypes};
 use crate::registry::{BuildError, Registry};
 use crate::route::{HandlerRoute, Route};
 
-/// Builds an [`Inbox`]; start with [`Inbox::builder`].
-pub struct InboxBuilder<DB: Backend> {
+/// Builds an [`Inbox`]; start with [`Inbox::builder`]. `S` is the application state handlers
+/// may take as `State<T>` (see [`InboxBuilder::state`]).
+pub struct InboxBuilder<DB: Backend, S = ()> {
+    settings: Settings<DB>,
+    state: S,
+}
+
+/// Everything a builder collects besides the state.
+struct Settings<DB: Backend> {
     pool: Pool<DB>,
     consumer: String,
     workers: usize,
@@ -35,7 +42,7 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 impl<DB: Backend> InboxBuilder<DB> {
     pub(crate) fn new(pool: Pool<DB>) -> Self {
-        Self {
+        let settings = Settings {
             pool,
             consumer: DEFAULT_CONSUMER.to_owned(),
             workers: DB::DEFAULT_WORKERS,
@@ -46,13 +53,19 @@ impl<DB: Backend> InboxBuilder<DB> {
             retention: None,
             batch: None,
             routes: Vec::new(),
+        };
+        Self {
+            settings,
+            state: (),
         }
     }
+}
 
+impl<DB: Backend, S> InboxBuilder<DB, S> {
     /// The consumer group: dedup and ordering are scoped per consumer and handler, so two
     /// services consuming the same stream each handle every message once.
     pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
-        self.consumer = consumer.into();
+        self.settings.consumer = consumer.into();
         self
     }
 
@@ -60,32 +73,39 @@ impl<DB: Backend> InboxBuilder<DB> {
     /// [`Backend::DEFAULT_WORKERS`]: 4 on PostgreSQL, 1 on SQLite, where writers take turns anyway).
     /// Messages of one aggregate always go to the same worker, in delivery order.
     pub fn workers(mut self, workers: usize) -> Self {
-        self.workers = workers.max(1);
+        self.settings.workers = workers.max(1);
         self
     }
 
     /// The retry policy of every handler without one of its own (default: [`RetryPolicy::default`]).
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry.default = policy;
+        self.settings.retry.default = policy;
         self
     }
 
-    /// The retry policy of the handler named `handler`.
-    pub fn retry_for(mut self, handler: &'static str, policy: RetryPolicy) -> Self {
-        self.retry.per_handler.insert(handler, policy);
+    /// The retry policy of `handler`, the handler value itself (`.retry_for(mark_paid, ..)`), which
+    /// must also be registered with [`InboxBuilder::handler`]: [`InboxBuilder::build`] refuses a
+    /// policy for a handler the inbox does not have.
+    pub fn retry_for<H: IntoHandler<DB, S, Kind>, Kind>(
+        mut self,
+        handler: H,
+        policy: RetryPolicy,
+    ) -> Self {
+        let name = handler.into_handler(&self.state).name();
+        self.settings.retry.per_handler.insert(name, policy);
         self
     }
 
     /// What to do with a delivery whose type has no handler (default: keep it as rejected).
     pub fn unknown_types(mut self, policy: UnknownTypes) -> Self {
-        self.unknown_types = policy;
+        self.settings.unknown_types = policy;
         self
     }
 
     /// The largest payload accepted (default [`DEFAULT_MAX_PAYLOAD_BYTES`]); a larger one is kept
     /// as rejected without being decoded.
     pub fn max_payload_bytes(mut self, limit: usize) -> Self {
-        self.max_payload_bytes = limit;
+        self.settings.max_payload_bytes = limit;
         self
     }
 
@@ -94,7 +114,7 @@ impl<DB: Backend> InboxBuilder<DB> {
     /// expires gaps, handles the replays operators requested (`inbox dead replay`), and updates
     /// the parked and dead-letter gauges.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.sweep_interval = interval.max(Duration::from_millis(10));
+        self.settings.sweep_interval = interval.max(Duration::from_millis(10));
         self
     }
 
@@ -103,29 +123,50 @@ impl<DB: Backend> InboxBuilder<DB> {
     /// window. [`InboxBuilder::build`] warns when the window is shorter than the configured
     /// redelivery horizon.
     pub fn retention(mut self, retention: Retention) -> Self {
-        self.retention = Some(retention);
+        self.settings.retention = Some(retention);
         self
     }
 
     /// Runs in batched mode: see [`Batch`] (default: one message per transaction).
     pub fn batch(mut self, batch: Batch) -> Self {
-        self.batch = Some(batch);
+        self.settings.batch = Some(batch);
         self
+    }
+
+    /// The application state that handlers taking a `State<T>` parameter receive (a clone of
+    /// it, or of the part [`FromRef`](inbox_core::FromRef) takes out of it). Register it before
+    /// the handlers that take it: a handler whose state the builder does not have is a compile
+    /// error.
+    pub fn state<S2>(self, state: S2) -> InboxBuilder<DB, S2> {
+        InboxBuilder {
+            settings: self.settings,
+            state,
+        }
     }
 
     /// Registers a handler for its message type. Several handlers may take one type; each is
     /// called, with its own dedup scope.
-    pub fn handler<H: Handler<DB>>(mut self, handler: H) -> Self {
-        self.routes.push(Arc::new(HandlerRoute(Arc::new(handler))));
+    pub fn handler<H: IntoHandler<DB, S, Kind>, Kind>(mut self, handler: H) -> Self {
+        let handler = handler.into_handler(&self.state);
+        self.settings
+            .routes
+            .push(Arc::new(HandlerRoute(Arc::new(handler))));
         self
     }
 
     /// Checks the registrations and that the inbox schema is in place.
     pub async fn build(self) -> Result<Inbox<DB>, BuildError> {
+        self.settings.build().await
+    }
+}
+
+impl<DB: Backend> Settings<DB> {
+    async fn build(self) -> Result<Inbox<DB>, BuildError> {
         if self.consumer.trim().is_empty() {
             return Err(BuildError::EmptyConsumer);
         }
         let registry = Registry::new(self.routes)?;
+        self.retry.check(&registry)?;
         inbox_core::storage::schema::check(&self.pool)
             .await
             .map_err(BuildError::Schema)?;
@@ -152,6 +193,18 @@ pub(crate) struct Retry {
 }
 
 impl Retry {
+    /// Refuses a per-handler policy for a handler that is not registered.
+    fn check<DB: Backend>(&self, registry: &Registry<DB>) -> Result<(), BuildError> {
+        match self
+            .per_handler
+            .keys()
+            .find(|name| registry.named(name).is_err())
+        {
+            Some(name) => Err(BuildError::RetryForUnregistered(name)),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn of(&self, handler: &str) -> &RetryPolicy {
         self.per_handler.get(handler).unwrap_or(&self.default)
     }

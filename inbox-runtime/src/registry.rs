@@ -24,6 +24,16 @@ pub enum BuildError {
         second: &'static str,
     },
 
+    /// No handler is registered, so every delivery would be refused.
+    #[error("the inbox has no handlers; register each with `.handler(..)` before `.build()`")]
+    NoHandlers,
+
+    /// A retry policy is set for a handler the inbox does not register.
+    #[error(
+        "`retry_for` sets a policy for handler `{0}`, which is not registered; register it with `.handler({0})` too"
+    )]
+    RetryForUnregistered(&'static str),
+
     /// The consumer name is empty.
     #[error("the consumer name is empty; name the consumer group, like `.consumer(\"billing\")`")]
     EmptyConsumer,
@@ -47,6 +57,9 @@ pub(crate) struct StrictRoute<'a, DB: Backend> {
 impl<DB: Backend> Registry<DB> {
     /// Builds the registry, refusing two routes with one handler name.
     pub(crate) fn new(routes: Vec<Arc<dyn Route<DB>>>) -> Result<Self, BuildError> {
+        if routes.is_empty() {
+            return Err(BuildError::NoHandlers);
+        }
         let mut by_name: HashMap<&'static str, &'static str> = HashMap::new();
         let mut by_type: HashMap<&'static str, Vec<Arc<dyn Route<DB>>>> = HashMap::new();
         for route in routes {

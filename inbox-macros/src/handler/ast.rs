@@ -23,12 +23,22 @@ pub struct DatabaseParam<'a> {
     pub database: Database<'a>,
 }
 
-/// The shape of an annotated function: which parameter is the database handle, which is the
-/// message, and what it returns. Every part is a reference into the original tokens.
+/// A `State<T>` parameter: the application state the handler takes.
+pub struct StateParam<'a> {
+    /// The parameter's type, as written (`State<Shop>`).
+    pub param: &'a Type,
+    /// The state type (`Shop`).
+    pub state: &'a Type,
+}
+
+/// The shape of an annotated function: which parameter is the database handle, which the state,
+/// which the message, and what it returns. Every part is a reference into the original tokens.
 pub struct HandlerFn<'a> {
     pub original: &'a ItemFn,
     /// The database parameter, if the handler takes one.
     pub database: Option<DatabaseParam<'a>>,
+    /// The state parameter, if the handler takes one.
+    pub state: Option<StateParam<'a>>,
     pub message: &'a Type,
     pub output: &'a Type,
 }
@@ -38,15 +48,21 @@ impl<'a> HandlerFn<'a> {
     pub fn from_syn(cx: &Ctxt, original: &'a ItemFn) -> Option<Self> {
         let params = typed_params(cx, original)?;
         let output = output_type(cx, original);
-        let (database, message) = match params.as_slice() {
-            [message] => (None, message_param(cx, message)),
-            [database, message] => (
-                Some(database_param(cx, database)?),
-                message_param(cx, message),
-            ),
+        let (database, state, message) = match params.as_slice() {
+            [message] => (None, None, message),
+            [state, message] if state_param(state).is_some() => (None, state_param(state), message),
+            [database, message] => (Some(database_param(cx, database)?), None, message),
+            [database, state, message] => {
+                let Some(state) = state_param(state) else {
+                    let text = "the middle parameter of a handler that takes three is its state, like `State(shop): State<Shop>`";
+                    cx.error_spanned_by(&state.ty, text);
+                    return None;
+                };
+                (Some(database_param(cx, database)?), Some(state), message)
+            }
             _ => {
                 let message = format!(
-                    "an inbox handler takes `(handle, message)` or `(message)`; this one takes {} parameters",
+                    "an inbox handler takes `(handle, message)`, `(handle, State<T>, message)`, `(State<T>, message)` or `(message)`; this one takes {} parameters",
                     params.len()
                 );
                 cx.error_spanned_by(&original.sig.inputs, message);
@@ -56,10 +72,26 @@ impl<'a> HandlerFn<'a> {
         Some(Self {
             original,
             database,
-            message: message?,
+            state,
+            message: message_param(cx, message)?,
             output: output?,
         })
     }
+}
+
+/// A parameter of type `State<T>` (by any path ending in `State`).
+fn state_param(param: &PatType) -> Option<StateParam<'_>> {
+    let Type::Path(path) = ungroup(&param.ty) else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != "State" {
+        return None;
+    }
+    Some(StateParam {
+        param: &param.ty,
+        state: first_type_argument(&last.arguments)?,
+    })
 }
 
 fn typed_params<'a>(cx: &Ctxt, original: &'a ItemFn) -> Option<Vec<&'a PatType>> {

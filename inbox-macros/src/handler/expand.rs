@@ -2,7 +2,7 @@
 //! implementation. The user's function is moved unchanged; only its name changes.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn};
@@ -77,26 +77,28 @@ impl Expansion<'_> {
         let inner = &self.inner;
         let message = self.handler.message;
         let output = self.handler.output;
-        let (fn_ptr, boxed) = match &self.handler.database {
-            Some(DatabaseParam { handle, .. }) => (
-                quote!(for<'__inbox_c> fn(&'__inbox_c mut #handle, #message) -> #krate::__private::BoxFuture<'__inbox_c, #output>),
-                quote! {
-                    fn __inbox_boxed<'__inbox_c>(
-                        __inbox_handle: &'__inbox_c mut #handle,
-                        __inbox_message: #message,
-                    ) -> #krate::__private::BoxFuture<'__inbox_c, #output> {
-                        ::std::boxed::Box::pin(#inner(__inbox_handle, __inbox_message))
-                    }
-                },
-            ),
-            None => (
-                quote!(fn(#message) -> #krate::__private::BoxFuture<'static, #output>),
-                quote! {
-                    fn __inbox_boxed(__inbox_message: #message) -> #krate::__private::BoxFuture<'static, #output> {
-                        ::std::boxed::Box::pin(#inner(__inbox_message))
-                    }
-                },
-            ),
+        let handle = self.handler.database.as_ref().map(|param| param.handle);
+        let state = self.handler.state.as_ref().map(|state| state.param);
+        let (lifetime, borrowed) = match handle {
+            Some(_) => (quote!('__inbox_c), quote!(for<'__inbox_c>)),
+            None => (quote!('static), quote!()),
+        };
+        let types: Vec<TokenStream> = handle
+            .map(|handle| quote!(&'__inbox_c mut #handle))
+            .into_iter()
+            .chain(state.map(|state| quote!(#state)))
+            .chain([quote!(#message)])
+            .collect();
+        let names: Vec<Ident> = (0..types.len())
+            .map(|index| format_ident!("__inbox_param{index}"))
+            .collect();
+        let generics = handle.map(|_| quote!(<'__inbox_c>));
+        let fn_ptr =
+            quote!(#borrowed fn(#(#types),*) -> #krate::__private::BoxFuture<#lifetime, #output>);
+        let boxed = quote! {
+            fn __inbox_boxed #generics (#(#names: #types),*) -> #krate::__private::BoxFuture<#lifetime, #output> {
+                ::std::boxed::Box::pin(#inner(#(#names),*))
+            }
         };
         quote! {
             #boxed
@@ -113,49 +115,103 @@ impl Expansion<'_> {
         }
     }
 
+    /// The `Handler` implementation: on the handler value itself, or, for a handler that takes
+    /// `State<T>`, on the value bound to its state, which `IntoHandler` and `with_state` make.
     fn handler_impl(&self) -> TokenStream {
         let krate = &self.krate;
         let name = &self.handler.original.sig.ident;
+        let (generics, database) = self.generics_and_database();
+        let generics = quote!(<#generics>);
+        let items = self.handler_items(&database);
+        let Some(state) = &self.handler.state else {
+            return quote! {
+                #[automatically_derived]
+                impl #generics #krate::__private::Handler<#database> for #name {
+                    #items
+                }
+            };
+        };
+        let state_type = state.state;
+        let vis = &self.handler.original.vis;
+        let (params, _) = self.generics_and_database();
+        quote! {
+            /// The handler bound to its state.
+            #vis struct __InboxWithState(#state_type);
+
+            #[automatically_derived]
+            impl #generics #krate::__private::Handler<#database> for __InboxWithState {
+                #items
+            }
+
+            #[automatically_derived]
+            impl<__InboxState, #params> #krate::__private::IntoHandler<#database, __InboxState, #krate::__private::Stateful> for #name
+            where
+                #state_type: #krate::__private::FromRef<__InboxState>,
+            {
+                type Handler = __InboxWithState;
+
+                fn into_handler(self, __inbox_state: &__InboxState) -> __InboxWithState {
+                    __InboxWithState(<#state_type as #krate::__private::FromRef<__InboxState>>::from_ref(__inbox_state))
+                }
+            }
+
+            impl #name {
+                /// This handler bound to `state`: a plain handler, for `process` and tests.
+                #[allow(dead_code)]
+                #vis fn with_state(self, state: #state_type) -> __InboxWithState {
+                    __InboxWithState(state)
+                }
+            }
+
+        }
+    }
+
+    /// The generic parameters of the `Handler` implementation (a handler that takes only its
+    /// message, and maybe its state, works on every database) and the database it is for.
+    fn generics_and_database(&self) -> (TokenStream, TokenStream) {
+        let krate = &self.krate;
+        match &self.handler.database {
+            Some(param) => (quote!(), self.database(param)),
+            None => (
+                quote!(__InboxDb: #krate::__private::Backend),
+                quote!(__InboxDb),
+            ),
+        }
+    }
+
+    /// The items of the `Handler` implementation.
+    fn handler_items(&self, database: &TokenStream) -> TokenStream {
+        let krate = &self.krate;
         let message = self.handler.message;
         let handler_name = self.handler_name();
         let identity = self.identity();
         let ordering = self.ordering();
         let call = self.call();
-        let (generics, database) = match &self.handler.database {
-            Some(param) => (quote!(), self.database(param)),
-            None => (
-                quote!(<__InboxDb: #krate::__private::Backend>),
-                quote!(__InboxDb),
-            ),
-        };
         quote! {
-            #[automatically_derived]
-            impl #generics #krate::__private::Handler<#database> for #name {
-                type Message = #message;
+            type Message = #message;
 
-                fn name(&self) -> &'static ::core::primitive::str {
-                    #handler_name
-                }
+            fn name(&self) -> &'static ::core::primitive::str {
+                #handler_name
+            }
 
-                #ordering
+            #ordering
 
-                fn identity(
-                    &self,
-                    __inbox_message: &#message,
-                ) -> ::core::result::Result<#krate::__private::Identity, #krate::__private::Error> {
-                    #identity
-                }
+            fn identity(
+                &self,
+                __inbox_message: &#message,
+            ) -> ::core::result::Result<#krate::__private::Identity, #krate::__private::Error> {
+                #identity
+            }
 
-                fn handle<'__inbox_c, '__inbox_t>(
-                    &'__inbox_c self,
-                    __inbox_ctx: &'__inbox_c mut #krate::__private::Context<'__inbox_t, #database>,
-                    __inbox_message: #message,
-                ) -> #krate::__private::BoxFuture<
-                    '__inbox_c,
-                    ::core::result::Result<(), #krate::__private::HandlerError>,
-                > {
-                    ::std::boxed::Box::pin(async move { #call })
-                }
+            fn handle<'__inbox_c, '__inbox_t>(
+                &'__inbox_c self,
+                __inbox_ctx: &'__inbox_c mut #krate::__private::Context<'__inbox_t, #database>,
+                __inbox_message: #message,
+            ) -> #krate::__private::BoxFuture<
+                '__inbox_c,
+                ::core::result::Result<(), #krate::__private::HandlerError>,
+            > {
+                ::std::boxed::Box::pin(async move { #call })
             }
         }
     }
@@ -222,21 +278,40 @@ impl Expansion<'_> {
         let krate = &self.krate;
         let inner = &self.inner;
         let output = self.handler.output;
+        let state = self.handler.state.as_ref().map(|state| {
+            let param = state.param;
+            let state_type = state.state;
+            let clone = quote_spanned!(state_type.span()=> #krate::__private::clone_state::<#state_type>(&self.0));
+            quote_spanned!(param.span()=> #krate::__private::State(#clone),)
+        });
         let invocation = match &self.handler.database {
             Some(param) => {
                 let handle = param.handle;
                 let database = self.database(param);
                 let borrow = quote_spanned!(handle.span()=>
                     <#handle as #krate::__private::DatabaseHandle<'__inbox_t, #database>>::from_context(__inbox_ctx));
-                quote!(#inner(#borrow, __inbox_message))
+                quote!(#inner(#borrow, #state __inbox_message))
             }
             None => quote!({
                 let _ = __inbox_ctx;
-                #inner(__inbox_message)
+                #inner(#state __inbox_message)
             }),
         };
-        quote_spanned!(output.span()=>
-            <#output as #krate::__private::HandlerResult>::into_handler_result(#invocation.await))
+        let result = quote_spanned!(output.span()=>
+            <#output as #krate::__private::HandlerResult>::into_result(#invocation.await));
+        let boxed =
+            quote_spanned!(output.span()=> <#output as #krate::__private::HandlerResult>::boxed);
+        quote! {
+            match #result {
+                ::core::result::Result::Ok(()) => ::core::result::Result::Ok(()),
+                ::core::result::Result::Err(__inbox_error) => {
+                    #[allow(unused_imports)]
+                    use #krate::__private::classify::{Classified as _, Unclassified as _};
+                    let __inbox_failure = #krate::__private::classify::Failure::new(__inbox_error);
+                    ::core::result::Result::Err((&&__inbox_failure).take_handler_error(#boxed))
+                }
+            }
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-// A handler with an extra parameter.
+// A handler with an extra parameter that is not its state.
 use inbox::prelude::*;
 
 #[derive(Debug, Clone, Serialize, Deserialize, Message)]
