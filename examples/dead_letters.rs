@@ -134,8 +134,8 @@ async fn deliver(inbox: &Inbox<Sqlite>) -> Res<()> {
     broker.publish(Envelope::new(ShipOrder::TYPE, "delivery-o-7", garbled));
     broker.close(); // the run ends once everything published is settled
     let report = inbox.run(broker.source()).await?;
-    let [processed, retried, dead] =
-        [Outcome::Processed, Outcome::Retrying, Outcome::Dead].map(|o| report.count(o));
+    let [processed, retried, dead] = [Outcome::Processed, Outcome::Retrying, Outcome::Dead]
+        .map(|o| report.handler_calls_with(o));
     let rejected = report.rejected;
     println!("  run: {processed} processed, {retried} retried, {dead} dead, {rejected} rejected");
     // Dead and rejected deliveries are acknowledged too: the database keeps them now.

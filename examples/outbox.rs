@@ -249,7 +249,7 @@ where
     let billed = consuming.await??;
     let published = second.await?.published + restarted.await?.published;
     println!("relays published {published} messages (plus what relay 1 sent before it died)");
-    println!("billing: {:?}", billed.outcomes);
+    println!("billing: {:?}", billed.handler_outcomes);
     verdict(&pool, &topics).await
 }
 

@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let broker = MemoryBroker::new();
     publish_traffic(&broker)?;
     let report = inbox.run(broker.source()).await?;
-    println!("handled: {:?}\n", report.outcomes);
+    println!("handled: {:?}\n", report.handler_outcomes);
     inbox.purge().await?;
 
     println!("# GET /metrics\n{}", scrape.render());

@@ -420,7 +420,7 @@ async fn deliver<DB: Backend>(
     let builder = Inbox::builder(pool.clone()).consumer(CONSUMER);
     let inbox = builder.handler(handler).build().await?;
     let report = inbox.run(broker.source()).await?;
-    let count = |outcome| report.count(outcome);
+    let count = |outcome| report.handler_calls_with(outcome);
     let counts = [
         stream.len() as u64,
         count(Outcome::Processed),

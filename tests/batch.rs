@@ -119,13 +119,17 @@ macro_rules! batch_suite {
             // One transaction: what ran before bad was rolled back with it and ran again, once.
             assert_eq!((ran("a"), ran("b"), ran("c")), (2, 2, 2), "{calls:?}");
             assert_eq!((ran("d"), ran("e"), ran("f")), (1, 1, 1), "{calls:?}");
-            assert_eq!(report.count(Outcome::Processed), 6, "{report:?}");
             assert_eq!(
-                report.count(Outcome::Duplicate),
+                report.handler_calls_with(Outcome::Processed),
+                6,
+                "{report:?}"
+            );
+            assert_eq!(
+                report.handler_calls_with(Outcome::Duplicate),
                 1,
                 "the second `a`, without a handler call"
             );
-            assert_eq!(report.count(Outcome::Dead), 1, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Dead), 1, "{report:?}");
             assert_eq!(
                 broker.acked(),
                 ids.len() as u64,
@@ -185,7 +189,7 @@ macro_rules! batch_suite {
                 Outcome::Stale,
                 Outcome::Conflict,
             ]
-            .map(|outcome| report.count(outcome));
+            .map(|outcome| report.handler_calls_with(outcome));
             assert_eq!(counts, [2, 1, 1, 1], "{report:?}");
             let calls = CALLS.lock().unwrap().clone();
             let ran = |id: &str| calls.get(id).copied().unwrap_or(0);

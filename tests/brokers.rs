@@ -965,8 +965,10 @@ mod suite {
             run_until_applied(&two, &other_pool, broker.source().await, distinct as i64),
         );
 
-        let applied_by =
-            |report: &RunReport| report.count(Outcome::Processed) + report.count(Outcome::Released);
+        let applied_by = |report: &RunReport| {
+            report.handler_calls_with(Outcome::Processed)
+                + report.handler_calls_with(Outcome::Released)
+        };
         assert_eq!(
             applied_by(&first) + applied_by(&second),
             distinct as u64,
@@ -1062,7 +1064,11 @@ mod suite {
             5,
             "the delivery in flight was lost: {report:?}"
         );
-        assert_eq!(report.count(Outcome::Processed), 1, "{report:?}");
+        assert_eq!(
+            report.handler_calls_with(Outcome::Processed),
+            1,
+            "{report:?}"
+        );
     }
 
     pub async fn a_broker_restarted_mid_run_loses_nothing<B: TestBroker>() {
@@ -1173,9 +1179,13 @@ mod suite {
         let source = broker.source().await;
         let report = run_until_applied(&inbox, &pool, source, 1).await;
 
-        assert_eq!(report.count(Outcome::Processed), 1, "{report:?}");
         assert_eq!(
-            report.count(Outcome::Duplicate),
+            report.handler_calls_with(Outcome::Processed),
+            1,
+            "{report:?}"
+        );
+        assert_eq!(
+            report.handler_calls_with(Outcome::Duplicate),
             0,
             "redelivered while its handler ran: {report:?}"
         );
@@ -1281,17 +1291,17 @@ mod relay {
             .run_until(broker.source().await, linger)
             .await
             .expect("run");
-        for (outcome, count) in rest.outcomes {
-            *report.outcomes.entry(outcome).or_default() += count;
+        for (outcome, count) in rest.handler_outcomes {
+            *report.handler_outcomes.entry(outcome).or_default() += count;
         }
         assert_eq!(
-            report.outcomes.get("processed"),
+            report.handler_outcomes.get("processed"),
             Some(&5),
             "each message applies once"
         );
         let sent = sent.load(Ordering::SeqCst) as u64;
         assert!(sent >= 3, "the dead relay published before it died");
-        let copies = report.outcomes.get("duplicate").copied();
+        let copies = report.handler_outcomes.get("duplicate").copied();
         if B::FEATURES.drops_republished {
             assert_eq!(copies, None, "the broker dropped the copies");
         } else {

@@ -69,6 +69,25 @@ macro_rules! runtime_suite {
         }
 
         #[tokio::test]
+        async fn the_report_counts_deliveries_apart_from_handler_calls() {
+            let Some(pool) = ledger("report_deliveries").await else { return };
+            let inbox = builder(&pool).handler(credit).handler(audit).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            for _ in 0..3 {
+                broker.publish(envelope(&Credited::new("e-1", "acct", 1, 30)));
+            }
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!(report.deliveries, 3, "{report:?}");
+            let processed = (report.deliveries_with(Outcome::Processed), report.handler_calls_with(Outcome::Processed));
+            let duplicates = (report.deliveries_with(Outcome::Duplicate), report.handler_calls_with(Outcome::Duplicate));
+            assert_eq!(processed, (1, 2), "one delivery, two handlers: {report:?}");
+            assert_eq!(duplicates, (2, 4), "two deliveries, two handlers each: {report:?}");
+        }
+
+        #[tokio::test]
         async fn registering_a_handler_twice_is_a_build_error() {
             let Some(pool) = ledger("register_twice").await else { return };
 
@@ -123,9 +142,9 @@ macro_rules! runtime_suite {
             let report: RunReport = inbox.run(broker.source()).await.unwrap();
 
             let distinct = (accounts * per_account) as u64;
-            assert_eq!(report.count(Outcome::Processed), distinct, "{report:?}");
-            assert_eq!(report.count(Outcome::Duplicate), published - distinct, "{report:?}");
-            assert_eq!(report.count(Outcome::Stale), 0, "an aggregate's messages were reordered: {report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Processed), distinct, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Duplicate), published - distinct, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Stale), 0, "an aggregate's messages were reordered: {report:?}");
             assert_eq!(report.acked, published);
             assert_eq!(broker.acked(), published);
             for account in 0..accounts {
@@ -175,7 +194,7 @@ macro_rules! runtime_suite {
             let run = tokio::time::timeout(Duration::from_secs(20), inbox.run_until(broker.source(), others_done));
 
             let report = run.await.expect("the other aggregates waited behind the held one").unwrap();
-            assert_eq!(report.count(Outcome::Processed), others as u64 + 1, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Processed), others as u64 + 1, "{report:?}");
             assert_eq!(balance(&pool, "hold").await, 1);
         }
 
@@ -199,7 +218,7 @@ macro_rules! runtime_suite {
             let report = run.await.unwrap().unwrap();
 
             assert!(report.failed >= 3, "{report:?}");
-            assert_eq!(report.count(Outcome::Processed), 1);
+            assert_eq!(report.handler_calls_with(Outcome::Processed), 1);
             assert_eq!(broker.acked(), 1);
             assert_eq!(balance(&pool, "acct").await, 30);
         }
@@ -227,7 +246,7 @@ macro_rules! runtime_suite {
             let report = inbox.run_until(broker.source(), stop).await.unwrap();
 
             assert!(report.failed >= 2, "{report:?}");
-            assert_eq!(report.count(Outcome::Processed), 5, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Processed), 5, "{report:?}");
             assert_eq!(count(&pool, "audit_log").await, 5);
             assert_eq!(status(&pool, "explode", "bad").await.as_deref(), Some("failed"), "kept for its next attempt");
         }
@@ -248,8 +267,8 @@ macro_rules! runtime_suite {
             assert_eq!(broker.redelivered(), 1);
 
             let report = inbox.run(source).await.unwrap();
-            assert_eq!(report.count(Outcome::Duplicate), 1, "{report:?}");
-            assert_eq!(report.count(Outcome::Processed), 0, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Duplicate), 1, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Processed), 0, "{report:?}");
             assert_eq!(broker.acked(), 1);
             assert_eq!(balance(&pool, "acct").await, 30);
         }
@@ -288,7 +307,7 @@ macro_rules! runtime_suite {
 
             let report = inbox.run(broker.source()).await.unwrap();
 
-            assert_eq!((report.rejected, report.count(Outcome::Processed)), (1, 1), "{report:?}");
+            assert_eq!((report.rejected, report.handler_calls_with(Outcome::Processed)), (1, 1), "{report:?}");
             assert_eq!(broker.acked(), 2, "kept, so acknowledged");
             let rejected = inbox.rejected().await.unwrap();
             assert_eq!(rejected.len(), 1);
@@ -321,7 +340,7 @@ macro_rules! runtime_suite {
 
             let report = inbox.run(broker.source()).await.unwrap();
 
-            assert_eq!(report.count(Outcome::Processed), messages as u64, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Processed), messages as u64, "{report:?}");
             let released = released.load(std::sync::atomic::Ordering::Relaxed) - before;
             // One per sweep, purge and the worker's connection itself; one per message without it.
             assert!(released < 10, "{released} connections went back to the pool for {messages} messages");

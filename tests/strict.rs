@@ -71,7 +71,7 @@ macro_rules! strict_suite {
             holder.rollback().await.unwrap();
             let report = run.await.unwrap().unwrap();
 
-            assert_eq!(report.count(Outcome::Released), 1, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Released), 1, "{report:?}");
             assert_eq!(balance(&pool, "crashed").await, 1 + 3);
         }
 
@@ -199,11 +199,11 @@ macro_rules! strict_suite {
 
             let report: RunReport = inbox(&pool).await.run(broker.source()).await.unwrap();
 
-            let applied = report.count(Outcome::Processed) + report.count(Outcome::Released);
+            let applied = report.handler_calls_with(Outcome::Processed) + report.handler_calls_with(Outcome::Released);
             assert_eq!(applied, distinct as u64, "{report:?}");
-            assert_eq!(report.count(Outcome::Duplicate), (stream.len() - distinct) as u64, "{report:?}");
-            assert_eq!(report.count(Outcome::Stale), 0, "{report:?}");
-            assert!(report.count(Outcome::Parked) > 0, "the stream was out of order: {report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Duplicate), (stream.len() - distinct) as u64, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Stale), 0, "{report:?}");
+            assert!(report.handler_calls_with(Outcome::Parked) > 0, "the stream was out of order: {report:?}");
             assert_eq!(broker.acked(), stream.len() as u64);
             assert_in_order_fold(&pool, accounts, per_account).await;
         }
@@ -267,7 +267,7 @@ macro_rules! strict_suite {
 
             let (a, b) = (a.unwrap(), b.unwrap());
             assert!(a.acked > 0 && b.acked > 0, "both processes took deliveries: {a:?} {b:?}");
-            let applied: u64 = [&a, &b].iter().map(|r| r.count(Outcome::Processed) + r.count(Outcome::Released)).sum();
+            let applied: u64 = [&a, &b].iter().map(|r| r.handler_calls_with(Outcome::Processed) + r.handler_calls_with(Outcome::Released)).sum();
             assert_eq!(applied, distinct as u64);
             assert_in_order_fold(&pool, accounts, per_account).await;
         }

@@ -71,12 +71,23 @@ pub enum UnknownTypes {
     Acknowledge,
 }
 
-/// What a run did.
+/// What a run did. Two tallies of outcomes, which differ when a type has several handlers or a
+/// message is delivered more than once: [`RunReport::delivery_outcomes`] counts each delivery
+/// once per kind of outcome its handlers had, [`RunReport::handler_outcomes`] counts every
+/// handler call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunReport {
-    /// Handler outcomes by kind, over all deliveries; `released` also counts what the run's sweeps
-    /// released, when it started and periodically (see [`Inbox::resume`]).
-    pub outcomes: BTreeMap<&'static str, u64>,
+    /// Deliveries the source yielded and the run settled (acknowledged, handed back or kept as
+    /// rejected).
+    pub deliveries: u64,
+    /// Deliveries by the outcomes of their handlers: a delivery whose three handlers all found it
+    /// a duplicate counts one `duplicate`; one whose handlers disagree counts once under each
+    /// outcome. A message that died and is delivered again counts `dead` again.
+    pub delivery_outcomes: BTreeMap<&'static str, u64>,
+    /// Handler calls by outcome, over all deliveries: a delivery of a type with three handlers
+    /// counts three. `released` also counts what the run's sweeps released, when it started and
+    /// periodically (see [`Inbox::resume`]).
+    pub handler_outcomes: BTreeMap<&'static str, u64>,
     /// Deliveries acknowledged.
     pub acked: u64,
     /// Deliveries handed back for redelivery because a handler or the database failed.
@@ -98,21 +109,48 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// How many handler calls ended with `outcome`.
-    pub fn count(&self, outcome: Outcome) -> u64 {
-        self.outcomes.get(outcome.as_str()).copied().unwrap_or(0)
+    /// How many deliveries had a handler end with `outcome` (see
+    /// [`RunReport::delivery_outcomes`]).
+    pub fn deliveries_with(&self, outcome: Outcome) -> u64 {
+        self.delivery_outcomes
+            .get(outcome.as_str())
+            .copied()
+            .unwrap_or(0)
     }
 
+    /// How many handler calls ended with `outcome` (see [`RunReport::handler_outcomes`]).
+    pub fn handler_calls_with(&self, outcome: Outcome) -> u64 {
+        self.handler_outcomes
+            .get(outcome.as_str())
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Counts `count` handler calls that ended with `outcome`.
     pub(crate) fn add(&mut self, outcome: Outcome, count: u64) {
         if count > 0 {
-            *self.outcomes.entry(outcome.as_str()).or_default() += count;
+            *self.handler_outcomes.entry(outcome.as_str()).or_default() += count;
+        }
+    }
+
+    /// Counts one settled delivery whose handlers had `outcomes` (each kind once).
+    pub(crate) fn delivered(&mut self, outcomes: &mut Vec<Outcome>) {
+        self.deliveries += 1;
+        outcomes.sort_by_key(|outcome| outcome.as_str());
+        outcomes.dedup();
+        for outcome in outcomes {
+            *self.delivery_outcomes.entry(outcome.as_str()).or_default() += 1;
         }
     }
 
     pub(crate) fn merge(&mut self, other: RunReport) {
-        for (outcome, count) in other.outcomes {
-            *self.outcomes.entry(outcome).or_default() += count;
+        for (outcome, count) in other.handler_outcomes {
+            *self.handler_outcomes.entry(outcome).or_default() += count;
         }
+        for (outcome, count) in other.delivery_outcomes {
+            *self.delivery_outcomes.entry(outcome).or_default() += count;
+        }
+        self.deliveries += other.deliveries;
         self.acked += other.acked;
         self.failed += other.failed;
         self.gap_expired += other.gap_expired;

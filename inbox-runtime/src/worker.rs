@@ -305,6 +305,7 @@ async fn reject<DB: Backend>(
     report: &mut RunReport,
 ) {
     let (envelope, attempt, acker) = delivery.into_parts();
+    report.delivered(&mut Vec::new());
     let kept = keep_rejected(shared, &envelope, &error, report).await;
     if let Err(error) = terminate_if_kept(kept, acker, attempt).await {
         tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
@@ -537,9 +538,11 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
     let mut retry: Option<Duration> = None;
     let mut hand_back: Option<Duration> = None;
     let mut dead = false;
+    let mut outcomes = Vec::with_capacity(results.len());
     for result in results {
         let delay = match result {
             Ok(done) => {
+                outcomes.push(done.outcome);
                 report.add(done.outcome, 1);
                 report.add(Outcome::Released, u64::from(done.released));
                 continue;
@@ -547,6 +550,7 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
             Err(Error::Handler {
                 retry_after: None, ..
             }) => {
+                outcomes.push(Outcome::Dead);
                 report.add(Outcome::Dead, 1);
                 dead = true;
                 continue;
@@ -555,6 +559,7 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
                 retry_after: Some(delay),
                 ..
             }) => {
+                outcomes.push(Outcome::Retrying);
                 report.add(Outcome::Retrying, 1);
                 *delay
             }
@@ -580,6 +585,7 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
         };
         retry = Some(retry.map_or(delay, |shortest| shortest.min(delay)));
     }
+    report.delivered(&mut outcomes);
     match (hand_back, retry, dead) {
         (Some(delay), _, _) => Settlement::HandBack(delay),
         (None, Some(delay), _) => Settlement::Retry(delay),
