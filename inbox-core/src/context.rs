@@ -2,12 +2,19 @@
 
 use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
+use std::sync::LazyLock;
 
 use sqlx::{Database, Transaction};
 
 use crate::identity::Identity;
 
 static NO_HEADERS: BTreeMap<String, String> = BTreeMap::new();
+
+/// The identity of a context made by [`Context::new`]: message id `test`.
+static TEST_IDENTITY: LazyLock<Identity> = LazyLock::new(|| {
+    Identity::new(&[std::borrow::Cow::Borrowed("test")], None, None)
+        .expect("`test` is a valid message id")
+});
 
 /// The guarded transaction of one message, with the message's metadata.
 ///
@@ -24,7 +31,48 @@ pub struct Context<'t, DB: Database> {
 }
 
 impl<'t, DB: Database> Context<'t, DB> {
-    pub(crate) fn new(
+    /// A context on `tx` outside any guard, to call a handler that takes `&mut Context` as a plain
+    /// function in a unit test: consumer `default`, handler `test`, message id `test`, attempt
+    /// 1, no headers (the `with_` methods set them). Nothing is deduplicated or recorded; the
+    /// handler's writes are in `tx`, which [`Context::into_transaction`] gives back to commit or
+    /// inspect.
+    ///
+    /// ```
+    /// use inbox_core::Context;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), sqlx::Error> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let mut ctx = Context::new(pool.begin().await?).with_attempt(2);
+    /// assert_eq!((ctx.message_id(), ctx.attempt()), ("test", 2));
+    /// sqlx::query("CREATE TABLE t (x INTEGER)").execute(&mut *ctx).await?;
+    /// ctx.into_transaction().commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn new(tx: Transaction<'t, DB>) -> Self {
+        Self::guarded(tx, crate::DEFAULT_CONSUMER, "test", &TEST_IDENTITY, None, 1)
+    }
+
+    /// This context with another attempt number.
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// This context with the delivery's transport headers.
+    pub fn with_headers(mut self, headers: &'t BTreeMap<String, String>) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// This context with a message's identity (its key, aggregate and sequence).
+    pub fn with_identity(mut self, identity: &'t Identity) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// The context of one guarded message.
+    pub(crate) fn guarded(
         tx: Transaction<'t, DB>,
         consumer: &'t str,
         handler: &'static str,
@@ -42,7 +90,8 @@ impl<'t, DB: Database> Context<'t, DB> {
         }
     }
 
-    pub(crate) fn into_transaction(self) -> Transaction<'t, DB> {
+    /// Ends the context, giving back its transaction (to commit or roll back).
+    pub fn into_transaction(self) -> Transaction<'t, DB> {
         self.tx
     }
 

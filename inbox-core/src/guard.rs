@@ -522,7 +522,7 @@ async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
     message: H::Message,
 ) -> Result<Transaction<'c, DB>, HandlerError> {
     let (identity, headers) = (attempt.identity, attempt.headers);
-    let mut ctx = Context::new(
+    let mut ctx = Context::guarded(
         tx,
         attempt.consumer,
         handler.name(),

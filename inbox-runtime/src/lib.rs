@@ -12,6 +12,7 @@ pub mod relay;
 mod route;
 mod schedule;
 mod source;
+pub mod testing;
 mod worker;
 
 pub use batch::Batch;
