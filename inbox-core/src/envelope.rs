@@ -118,6 +118,7 @@ impl Envelope {
         self
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn with_receipt(mut self, receipt: QueueReceipt) -> Self {
         self.receipt = Some(receipt);
         self

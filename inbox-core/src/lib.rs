@@ -49,8 +49,10 @@ pub use status::{Status, status};
 pub use storage::messages::{Claimed, Seen, StoredPayload};
 pub use storage::operators::{DeadLetterFilter, HandlerStatus, RejectedDelivery, StoredMessage};
 pub use storage::purge::{PurgeLeader, PurgePreview};
+#[cfg(feature = "sqlite")]
+pub use storage::sqlite_options;
 pub use storage::streams::ParkedMessage;
-pub use storage::{Backend, MIGRATIONS_TABLE, sqlite_options};
+pub use storage::{Backend, MIGRATIONS_TABLE};
 pub use text::storable_text;
 
 /// Applies the inbox schema to the database behind `pool` (idempotent; migrations are tracked in

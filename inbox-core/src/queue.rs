@@ -29,14 +29,21 @@
 //! # Ok(()) }
 //! ```
 
+// Without PostgreSQL only the receipt type is used (the `Backend` trait names it).
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
+
+#[cfg(feature = "postgres")]
 use std::collections::BTreeMap;
+#[cfg(feature = "postgres")]
 use std::time::{Duration, UNIX_EPOCH};
 
+#[cfg(feature = "postgres")]
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row};
 
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::identity::MAX_ID_LEN;
+#[cfg(feature = "postgres")]
 use crate::outbox::AGGREGATE_ID;
 
 /// The channel the queue's trigger notifies when a transaction that enqueued commits, with the
@@ -101,6 +108,7 @@ pub struct Claimed {
 /// Writes `envelope` to `queue` in the caller's transaction (or on its own, given a pool). Its
 /// aggregate is the envelope's [`AGGREGATE_ID`] header, if it has one: the queue hands out an
 /// aggregate's messages one at a time, in the order they were enqueued. Returns the row's id.
+#[cfg(feature = "postgres")]
 pub async fn enqueue<'c>(
     connection: impl Acquire<'c, Database = Postgres>,
     queue: &str,
@@ -141,6 +149,7 @@ fn check_enqueued(queue: &str, envelope: &Envelope) -> Result<(), Error> {
 
 /// Claims up to `limit` visible rows of `queue` for `visibility`, oldest first, each the oldest
 /// of its aggregate still queued.
+#[cfg(feature = "postgres")]
 pub async fn claim(
     pool: &PgPool,
     queue: &str,
@@ -164,6 +173,7 @@ pub async fn claim(
 }
 
 /// A claimed row as a message.
+#[cfg(feature = "postgres")]
 fn claimed(row: &sqlx::postgres::PgRow, queue: &str, token: &str) -> Result<Claimed, sqlx::Error> {
     let receipt = QueueReceipt {
         id: row.try_get("id")?,
@@ -198,6 +208,7 @@ fn claimed(row: &sqlx::postgres::PgRow, queue: &str, token: &str) -> Result<Clai
 }
 
 /// Deletes the claimed row: it was handled, or the inbox kept it.
+#[cfg(feature = "postgres")]
 pub async fn ack(pool: &PgPool, receipt: &QueueReceipt) -> Result<(), Error> {
     dequeue(&mut *pool.acquire().await?, receipt).await?;
     Ok(())
@@ -205,6 +216,7 @@ pub async fn ack(pool: &PgPool, receipt: &QueueReceipt) -> Result<(), Error> {
 
 /// Deletes the claimed row on `connection`: in the guard's transaction, with the handler's
 /// writes. Deletes nothing in a database where the claim was not made.
+#[cfg(feature = "postgres")]
 pub(crate) async fn dequeue(
     connection: &mut PgConnection,
     receipt: &QueueReceipt,
@@ -219,6 +231,7 @@ pub(crate) async fn dequeue(
 
 /// Makes the claimed row visible again after `delay`: zero hands it back at once (a nack), a
 /// visibility timeout keeps the claim that much longer (a handler still at work).
+#[cfg(feature = "postgres")]
 pub async fn show_again(
     pool: &PgPool,
     receipt: &QueueReceipt,

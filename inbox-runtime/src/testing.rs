@@ -42,6 +42,7 @@ pub struct Harness<DB: Backend> {
     pool: Pool<DB>,
 }
 
+#[cfg(feature = "sqlite")]
 impl Harness<sqlx::Sqlite> {
     /// A fresh, migrated SQLite database in memory. Its pool holds one connection, so every call
     /// sees the same database; it disappears with the pool.

@@ -33,10 +33,12 @@ mod postgres;
 pub mod purge;
 pub mod schema;
 mod sql;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 pub mod streams;
 
 pub use sql::{Bind, Columns, FromColumns, Param, Run};
+#[cfg(feature = "sqlite")]
 pub use sqlite::sqlite_options;
 
 /// A database the inbox can guard messages in: its statements and the few things that are not

@@ -2,13 +2,17 @@
 //! an advisory lock for the purge leader. SQLite speaks most of this dialect too (see
 //! `sqlite.rs`, which names only what it says differently).
 
+#[cfg(feature = "postgres")]
 use crate::context::{Context, DatabaseHandle};
+#[cfg(feature = "postgres")]
 use sqlx::Postgres;
+#[cfg(feature = "postgres")]
 use sqlx::migrate::Migrator;
 
+#[cfg(feature = "postgres")]
+use super::Backend;
 use super::{
-    Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements,
-    StreamSql,
+    BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
 };
 
 /// The columns of an `OutboxMessage`.
@@ -19,6 +23,7 @@ macro_rules! select_outbox {
          published_at_ms FROM inbox_outbox "
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use select_outbox;
 
 /// The claim's order check: no message of the row's aggregate written before it is unpublished.
@@ -29,6 +34,7 @@ macro_rules! first_of_aggregate {
          AND e.aggregate_sequence < inbox_outbox.aggregate_sequence))"
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use first_of_aggregate;
 
 /// The columns of a `StoredMessage`, with `received_at` and `failed_at` as UTC text.
@@ -43,6 +49,7 @@ macro_rules! select_stored {
         )
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use select_stored;
 
 /// `received_at` and `failed_at` as UTC text.
@@ -75,6 +82,7 @@ macro_rules! parked_streams {
         )
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use parked_streams;
 
 /// The aggregates whose parked messages can apply now: the first one is next.
@@ -106,9 +114,11 @@ macro_rules! overdue_gaps {
         )
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use overdue_gaps;
 
 /// PostgreSQL's statements.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(super) const SQL: Statements = Statements {
     messages: MessageSql {
         claim: "INSERT INTO inbox_messages \
@@ -329,12 +339,14 @@ pub(super) const SQL: Statements = Statements {
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::PgConnection`.
+#[cfg(feature = "postgres")]
 impl<'t> DatabaseHandle<'t, Postgres> for sqlx::PgConnection {
     fn from_context<'c>(ctx: &'c mut Context<'t, Postgres>) -> &'c mut Self {
         ctx
     }
 }
 
+#[cfg(feature = "postgres")]
 impl Backend for Postgres {
     const DEFAULT_WORKERS: usize = 4;
     const SQL: Statements = SQL;
