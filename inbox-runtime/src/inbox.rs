@@ -24,7 +24,7 @@ use crate::worker;
 ///
 /// Cheap to clone; clones share everything.
 pub struct Inbox<DB: Backend> {
-    shared: Arc<Shared<DB>>,
+    pub(crate) shared: Arc<Shared<DB>>,
 }
 
 impl<DB: Backend> Clone for Inbox<DB> {
@@ -50,6 +50,8 @@ pub(crate) struct Shared<DB: Backend> {
     /// How many jobs a worker guards in one transaction (one: no batching).
     pub(crate) batch: Batch,
     pub(crate) registry: Registry<DB>,
+    /// What the running source did last, for [`Inbox::health`].
+    pub(crate) source: crate::health::SourceState,
 }
 
 /// Why [`Inbox::run`] stopped before its source ended.

@@ -5,6 +5,7 @@
 
 mod batch;
 mod builder;
+mod health;
 mod inbox;
 mod keep_alive;
 mod registry;
@@ -17,6 +18,7 @@ mod worker;
 
 pub use batch::Batch;
 pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SWEEP_INTERVAL, InboxBuilder};
+pub use health::{Backlog, Health, SOURCE_FAILING_LIMIT, SourceHealth};
 pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
 pub use registry::BuildError;
 pub use route::Handled;

@@ -72,6 +72,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<RunReport, RunError> {
     let mut report = RunReport::default();
+    shared.source.started();
     let consuming_since = Instant::now();
     let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared), consuming_since);
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
@@ -94,6 +95,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
         &mut report,
     )
     .await;
+    shared.source.stopped();
     source.drain().await;
     scheduler.close();
     for worker in workers {
@@ -224,6 +226,7 @@ async fn route<DB: Backend, S: Source>(
             Ok(Some(delivery)) => delivery,
             Ok(None) => return Ok(()),
             Err(error) => {
+                shared.source.failed(&error);
                 source_errors += 1;
                 report.source_errors += 1;
                 let delay = growing_delay(source_errors);
@@ -236,6 +239,7 @@ async fn route<DB: Backend, S: Source>(
             }
         };
         source_errors = 0;
+        shared.source.delivered();
         if let Some(reason) = delivery.unreadable_reason() {
             let error = Error::Unreadable(reason.to_owned());
             reject(shared, delivery, error, report).await;

@@ -24,6 +24,7 @@ use sqlx::{Connection, Database, IntoArguments, Pool, Transaction};
 use crate::queue::QueueReceipt;
 
 pub mod bulk;
+pub mod health;
 pub mod messages;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -64,6 +65,10 @@ pub trait Backend:
     /// guard is written for (PostgreSQL, MySQL: `READ COMMITTED`; SQLite: `BEGIN IMMEDIATE`, so
     /// the write lock is taken up front instead of failing on upgrade).
     const BEGIN: &'static str;
+
+    /// A consumer's parked, failed and dead messages: `(status, count, oldest age in seconds)`
+    /// for each, the consumer bound once per status (see [`health::backlog`]).
+    const HEALTH_BACKLOG: &'static str = health::POSTGRES_BACKLOG;
 
     /// Begins a guarded transaction on a connection of its own from `pool`.
     fn begin(

@@ -242,6 +242,8 @@ impl Backend for MySql {
 
     const BEGIN: &'static str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
+    const HEALTH_BACKLOG: &'static str = super::health::MYSQL_BACKLOG;
+
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
     }

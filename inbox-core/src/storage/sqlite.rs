@@ -122,6 +122,8 @@ impl Backend for Sqlite {
 
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
 
+    const HEALTH_BACKLOG: &'static str = super::health::SQLITE_BACKLOG;
+
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
     }
