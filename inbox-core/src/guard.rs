@@ -359,7 +359,7 @@ pub(crate) fn message_span(
             .map(String::as_str)
     };
     let identity = delivery.identity;
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "inbox.process",
         otel.kind = "consumer",
         messaging.operation.type = "process",
@@ -374,7 +374,9 @@ pub(crate) fn message_span(
         inbox.sequence = identity.sequence(),
         inbox.attempt = tracing::field::Empty,
         inbox.outcome = tracing::field::Empty,
-    )
+    );
+    crate::trace_context::adopt_parent(&span, delivery.headers);
+    span
 }
 
 /// The `inbox.outcome` of a guarded message, failures included.

@@ -23,6 +23,7 @@ mod state;
 mod status;
 pub mod storage;
 mod text;
+pub mod trace_context;
 
 pub use connection::{Connect, KeptConnection};
 pub use context::{Context, DatabaseHandle};

@@ -146,8 +146,10 @@ impl Outgoing {
         self
     }
 
-    /// This message, if its aggregate and headers are ones the outbox can keep and brokers carry.
-    pub(crate) fn checked(self) -> Result<Self, Error> {
+    /// This message, with the current trace context added (feature `opentelemetry`), if its
+    /// aggregate and headers are ones the outbox can keep and brokers carry.
+    pub(crate) fn checked(mut self) -> Result<Self, Error> {
+        crate::trace_context::inject_current(&mut self.headers);
         if let Some((name, _)) = self
             .headers
             .iter()
