@@ -191,7 +191,7 @@ impl Source for JetStreamSource {
         Some(self.keep_alive)
     }
 
-    /// Hands back what the pull has fetched: every message it yields within [`DRAIN_WAIT`] of
+    /// Hands back what the pull has fetched: every message it yields within 200 ms of
     /// the last. Each is redelivered once the pull's request has expired on the server (so it
     /// goes to a live consumer, not back to this pull, which ends here).
     async fn drain(&mut self) {
