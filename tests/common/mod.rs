@@ -1,13 +1,13 @@
 //! Real databases for the behaviour tests: a fresh SQLite file per test, a fresh PostgreSQL
 //! schema per test when `INBOX_TEST_POSTGRES_URL` is set, and a fresh MySQL database per test
-//! when `INBOX_TEST_MYSQL_URL` is set (both required when `CI=true`).
+//! when `INBOX_TEST_MYSQL_URL` is set (both required when `CI=true`). Each is removed when its
+//! test ends ([`scratch`]). Without a server, a test is reported as skipped ([`skip`]).
 //!
 //! The tests write their own SQL in PostgreSQL's dialect with `$n` placeholders, each taken once
 //! and in order; [`sql`] turns it into the backend's.
 
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::postgres::PgPoolOptions;
@@ -66,6 +66,8 @@ pub fn unique(test: &str) -> String {
 
 pub mod ledger;
 pub mod queries;
+pub mod scratch;
+pub mod skip;
 
 /// Runs a behaviour suite on every backend:
 /// `$suite!(database, connection, connect, unmigrated, batch)` in a module named after each, where
@@ -141,9 +143,11 @@ pub async fn sqlite(test: &str) -> Option<SqlitePool> {
     Some(pool)
 }
 
-/// An empty SQLite database in a new file, with the inbox's connection options.
+/// An empty SQLite database in a new file, removed when the test ends, with the inbox's
+/// connection options.
 pub async fn sqlite_without_schema(test: &str) -> Option<SqlitePool> {
     let path = std::env::temp_dir().join(format!("inbox_{}.db", unique(test)));
+    scratch::remove_when_test_ends(scratch::Scratch::SqliteFile(path.clone()));
     let url = format!("sqlite://{}", path.display());
     let options = inbox::sqlite_options(&url).expect("valid SQLite URL");
     let pool = SqlitePoolOptions::new()
@@ -152,8 +156,9 @@ pub async fn sqlite_without_schema(test: &str) -> Option<SqlitePool> {
     Some(pool.await.expect("open SQLite"))
 }
 
-/// A migrated PostgreSQL schema of its own, or `None` (with a line saying so) when no server is
-/// configured. Under `CI=true` a missing server fails the test instead.
+/// A migrated PostgreSQL schema of its own, dropped when the test ends, or `None` (the test
+/// reported as skipped) when no server is configured. Under `CI=true` a missing server fails the
+/// test instead.
 pub async fn postgres(test: &str) -> Option<PgPool> {
     let pool = postgres_without_schema(test).await?;
     inbox::migrate(&pool).await.expect("migrate PostgreSQL");
@@ -168,33 +173,39 @@ pub async fn postgres_without_schema(test: &str) -> Option<PgPool> {
 }
 
 /// The URL of a new SQLite database file that does not exist yet, for programs that connect by
-/// URL, such as the CLI (`Option` to match [`postgres_url`]).
+/// URL, such as the CLI (`Option` to match [`postgres_url`]). Removed when the test ends.
 pub async fn sqlite_url(test: &str) -> Option<String> {
     let path = std::env::temp_dir().join(format!("inbox_{}.db", unique(test)));
+    scratch::remove_when_test_ends(scratch::Scratch::SqliteFile(path.clone()));
     Some(format!("sqlite://{}", path.display()))
 }
 
 /// The URL of a new, empty PostgreSQL schema of its own (no inbox tables), for programs that
 /// connect by URL, such as the CLI: the URL's `options=-c search_path=...` selects the schema.
-/// `None` (with a line saying so) when no server is configured, like [`postgres`].
+/// Dropped when the test ends; `None` when no server is configured, like [`postgres`].
 pub async fn postgres_url(test: &str) -> Option<String> {
     let url = server_url(POSTGRES_URL_VAR, "PostgreSQL", test)?;
-    let schema = unique(test).to_lowercase();
+    let schema = scratch::name(test);
     let mut admin = PgConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e}"));
+    scratch::drop_left_behind_postgres(&mut admin).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&mut admin)
         .await
         .expect("create test schema");
+    scratch::remove_when_test_ends(scratch::Scratch::PostgresSchema {
+        server: url.clone(),
+        name: schema.clone(),
+    });
     let separator = if url.contains('?') { '&' } else { '?' };
     Some(format!(
         "{url}{separator}options=-c%20search_path%3D{schema}"
     ))
 }
 
-/// The URL of the NATS server, or `None` (with a line saying so) when none is configured; under
-/// `CI=true` a missing server fails the test instead.
+/// The URL of the NATS server, or `None` (the test reported as skipped) when none is configured;
+/// under `CI=true` a missing server fails the test instead.
 pub fn nats_url(test: &str) -> Option<String> {
     server_url(NATS_URL_VAR, "NATS", test)
 }
@@ -214,26 +225,24 @@ pub fn kafka_brokers(test: &str) -> Option<String> {
     server_url(KAFKA_BROKERS_VAR, "Kafka", test)
 }
 
-/// The URL of the server `var` names, or `None` (with a line saying so) when it is not set.
-/// Under `CI=true` a missing server fails the test instead.
-fn server_url(var: &str, database: &str, test: &str) -> Option<String> {
+/// The URL of the server `var` names, or `None` when it is not set, the test being reported as
+/// skipped ([`skip`]). Under `CI=true` a missing server fails the test instead.
+fn server_url(var: &str, server: &str, test: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) => Some(url),
         Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{var} is not set, and CI must run the {database} tests")
+            panic!("{var} is not set, and CI must run the {server} tests")
         }
         Err(_) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED on {database}: {test} (set {var} to run it)"
-            );
+            skip::skip(test, &format!("no {server} server (set {var})"));
             None
         }
     }
 }
 
-/// A migrated MySQL database of its own, or `None` (with a line saying so) when no server is
-/// configured. Under `CI=true` a missing server fails the test instead.
+/// A migrated MySQL database of its own, dropped when the test ends, or `None` (the test reported
+/// as skipped) when no server is configured. Under `CI=true` a missing server fails the test
+/// instead.
 #[cfg(feature = "mysql")]
 pub async fn mysql(test: &str) -> Option<sqlx::MySqlPool> {
     let pool = mysql_without_schema(test).await?;
@@ -255,16 +264,19 @@ pub async fn mysql_without_schema(test: &str) -> Option<sqlx::MySqlPool> {
 #[cfg(feature = "mysql")]
 pub async fn mysql_url(test: &str) -> Option<String> {
     let url = server_url(MYSQL_URL_VAR, "MySQL", test)?;
-    // MySQL names are at most 64 characters.
-    let prefix: String = test.chars().take(32).collect();
-    let database = format!("inbox_t_{}", unique(&prefix));
+    let database = scratch::name(test);
     let mut admin = sqlx::MySqlConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach MySQL at {url}: {e}"));
+    scratch::drop_left_behind_mysql(&mut admin).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{database}`")))
         .execute(&mut admin)
         .await
         .expect("create test database");
+    scratch::remove_when_test_ends(scratch::Scratch::MysqlDatabase {
+        server: url.clone(),
+        name: database.clone(),
+    });
     let (server, _) = url.rsplit_once('/').expect("a MySQL URL names a database");
     Some(format!("{server}/{database}"))
 }
