@@ -3,15 +3,16 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use inbox_core::Retention;
 use inbox_core::outbox::OutboxStatus;
-use inbox_core::{DEFAULT_CONSUMER, Retention};
 
 /// The exit codes, as `--help` shows them (the constants are in `error::exit`).
 const EXIT_CODES: &str = "\
 Exit codes:
   0  ok
   1  the operation failed (database error, unreachable database)
-  2  usage error (bad arguments or duration, missing or unsupported database URL)
+  2  usage error (bad arguments or duration, missing or unsupported database URL, several
+     consumers hold what the command names: pass --consumer)
   3  the inbox schema is missing: run `inbox migrate`
   4  not found (no such message, not dead, no gap to skip, not a failed outbox message)
   5  aborted at the confirmation prompt";
@@ -90,9 +91,10 @@ pub enum BackendKind {
 /// The consumer group a command acts on.
 #[derive(Debug, Args)]
 pub struct ConsumerArg {
-    /// The consumer group.
-    #[arg(long, env = "INBOX_CONSUMER", default_value = DEFAULT_CONSUMER, global = true)]
-    pub consumer: String,
+    /// The consumer group. Without it, a list shows every consumer's messages, and a command on
+    /// one message or stream acts on the only consumer that has it.
+    #[arg(long, env = "INBOX_CONSUMER", global = true)]
+    pub consumer: Option<String>,
 }
 
 /// `inbox dead ...`

@@ -6,7 +6,8 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// The operation failed: a database error, or the database could not be reached.
     pub const FAILED: u8 = 1;
-    /// The command line is wrong: clap's own usage errors, an unsupported or missing database URL.
+    /// The command line is wrong: clap's own usage errors, an unsupported or missing database
+    /// URL, a command that needs `--consumer` to say which consumer it means.
     pub const USAGE: u8 = 2;
     /// The database has no inbox schema (or an old one): run `inbox migrate`.
     pub const SCHEMA_MISSING: u8 = 3;
@@ -16,6 +17,8 @@ pub mod exit {
     /// The operator declined the confirmation prompt; nothing was changed.
     pub const ABORTED: u8 = 5;
 }
+
+use crate::consumer::{Searched, names};
 
 /// A failed command, worded for the operator who ran it.
 #[derive(Debug, thiserror::Error)]
@@ -70,16 +73,28 @@ pub enum CliError {
 
     /// No message is stored under the given handler and id.
     #[error(
-        "no message `{message_id}` of handler `{handler}` is stored for consumer `{consumer}`: \
-         see `inbox dead list` (and check --consumer)"
+        "no message `{message_id}` of handler `{handler}` is stored {searched}: see \
+         `inbox dead list`"
     )]
     NoSuchMessage {
-        /// The consumer group searched.
-        consumer: String,
+        /// Where the command looked.
+        searched: Searched,
         /// The handler named.
         handler: String,
         /// The message id named.
         message_id: String,
+    },
+
+    /// What the command names is held by several consumers, and `--consumer` did not say which.
+    #[error(
+        "{what} is held by several consumers ({}): pass --consumer to say which",
+        names(.consumers)
+    )]
+    SeveralConsumers {
+        /// What the command names.
+        what: String,
+        /// The consumers that hold it.
+        consumers: Vec<String>,
     },
 
     /// The message exists but is not dead, so it cannot be replayed or discarded.
@@ -98,12 +113,12 @@ pub enum CliError {
 
     /// `gap skip` named a stream with nothing waiting on it.
     #[error(
-        "handler `{handler}` of consumer `{consumer}` has no parked or dead messages for \
-         aggregate `{aggregate}`, so there is no gap to skip: see `inbox parked list`"
+        "handler `{handler}` has no parked or dead messages for aggregate `{aggregate}` \
+         {searched}, so there is no gap to skip: see `inbox parked list`"
     )]
     NoGap {
-        /// The consumer group.
-        consumer: String,
+        /// Where the command looked.
+        searched: Searched,
         /// The handler named.
         handler: String,
         /// The aggregate named.
@@ -148,6 +163,7 @@ impl CliError {
             #[cfg(not(feature = "mysql"))]
             Self::MySqlNotBuilt => exit::USAGE,
             Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
+            Self::SeveralConsumers { .. } => exit::USAGE,
             Self::NoSuchMessage { .. }
             | Self::NotDead { .. }
             | Self::NoGap { .. }

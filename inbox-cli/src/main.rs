@@ -8,6 +8,7 @@
 
 mod cli;
 mod commands;
+mod consumer;
 mod database;
 mod error;
 mod output;

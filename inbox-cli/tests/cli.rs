@@ -218,6 +218,50 @@ macro_rules! cli_suite {
             assert!(table.contains("record_order") && table.contains("PROCESSED"), "{table}");
         }
 
+        /// The status of message `id` of consumer `consumer`.
+        async fn status_of(pool: &Pool, consumer: &str, id: &str) -> String {
+            sqlx::query_scalar(crate::common::sql::<$db>("SELECT status FROM inbox_messages WHERE consumer = $1 AND message_id = $2"))
+                .bind(consumer.to_owned())
+                .bind(id.to_owned())
+                .fetch_one(pool)
+                .await
+                .expect("read the inbox row")
+        }
+
+        #[tokio::test]
+        async fn without_a_consumer_lists_cover_every_consumer_and_a_message_is_found_where_it_is() {
+            let Some((pool, url)) = database("cli_consumers").await else { return };
+            sqlx::query(crate::common::sql::<$db>("INSERT INTO broken (id) VALUES ('x')")).execute(&pool).await.unwrap();
+            for consumer in ["shop", "billing"] {
+                let inbox = Inbox::builder(pool.clone()).consumer(consumer).handler(record_order).build().await.unwrap();
+                for id in [format!("{consumer}-1"), "both".to_owned()] {
+                    let envelope = Envelope::encode(format!("delivery-{id}"), &Order { id }).unwrap();
+                    inbox.dispatch(&envelope).await.unwrap_err();
+                }
+            }
+
+            let dead = cli(&url, &["dead", "list", "--json"]).ok().json();
+            let listed: Vec<(&str, &str)> = dead.as_array().unwrap().iter()
+                .map(|message| (message["consumer"].as_str().unwrap(), message["message_id"].as_str().unwrap()))
+                .collect();
+            assert_eq!(listed, [("billing", "billing-1"), ("billing", "both"), ("shop", "both"), ("shop", "shop-1")], "{dead}");
+            let table = cli(&url, &["dead", "list"]).ok().stdout;
+            assert!(table.starts_with("CONSUMER") && table.contains("shop-1"), "{table}");
+            let one = cli(&url, &["dead", "list", "--consumer", "shop", "--json"]).ok().json();
+            assert_eq!(one.as_array().map(Vec::len), Some(2), "{one}");
+            let none = cli(&url, &["dead", "list", "--consumer", "default"]).ok().stdout;
+            assert!(none.contains("No dead messages for consumer `default` (the consumers in this database are `billing`, `shop`)"), "{none}");
+            let shown = cli(&url, &["dead", "show", "record_order", "shop-1", "--json"]).ok().json();
+            assert_eq!(shown["consumer"], json!("shop"), "the only consumer that has it: {shown}");
+            cli(&url, &["dead", "show", "record_order", "o-9"]).failed(4, &["for any consumer (`billing`, `shop`)"]);
+
+            cli(&url, &["dead", "replay", "record_order", "both"]).failed(2, &["`billing`, `shop`", "--consumer"]);
+            assert_eq!(status_of(&pool, "shop", "both").await, "dead", "an ambiguous command changes nothing");
+            cli(&url, &["dead", "replay", "record_order", "both", "--consumer", "shop"]).ok();
+
+            assert_eq!((status_of(&pool, "shop", "both").await, status_of(&pool, "billing", "both").await), ("failed".into(), "dead".into()));
+        }
+
         #[tokio::test]
         async fn only_a_stored_dead_message_can_be_replayed() {
             let Some((pool, url, _inbox)) = with_dead_order("cli_replay_missing").await else { return };
@@ -263,6 +307,7 @@ macro_rules! cli_suite {
             let parked = cli(&url, &["parked", "list", "--json"]).ok().json();
             assert_eq!(parked.as_array().map(Vec::len), Some(2), "{parked}");
             assert_eq!((&parked[0]["aggregate_id"], &parked[0]["sequence_number"]), (&json!("a-1"), &json!(3)));
+            assert_eq!(parked[0]["consumer"], json!("default"), "{parked}");
 
             cli(&url, &["gap", "skip", "apply_step", "a-2", "--yes"]).failed(4, &["a-2", "no gap"]);
             let stream: Option<i64> = sqlx::query_scalar(crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'a-2'"))

@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
+use inbox_core::storage::operators;
 use inbox_core::{Backend, DeadLetterFilter, MessageKey, StoredMessage};
 use sqlx::Pool;
 
 use crate::cli::{Confirm, DeadArgs, DeadCommand, MessageArgs, Operator};
+use crate::consumer::{self, Holder, Searched};
 use crate::error::CliError;
 use crate::output::{Action, ListKind, MessageDetail, MessageList, Output, Resolved};
 use crate::prompt;
@@ -16,7 +18,7 @@ pub async fn run<DB: Backend>(
     args: DeadArgs,
     out: &Output,
 ) -> Result<(), CliError> {
-    let consumer = args.consumer.consumer;
+    let named = args.consumer.consumer;
     match args.command {
         DeadCommand::List {
             handler,
@@ -24,11 +26,13 @@ pub async fn run<DB: Backend>(
             failed_within,
         } => {
             let filter = filter(handler, message_type, failed_within);
-            let dead =
-                inbox_core::storage::operators::dead_letters(pool, &consumer, &filter).await?;
-            out.emit(&MessageList::new(ListKind::Dead, &consumer, dead))
+            let dead_letters =
+                async |consumer: &str| operators::dead_letters(pool, consumer, &filter).await;
+            let (dead, searched) = consumer::gather(pool, named, dead_letters).await?;
+            out.emit(&MessageList::new(ListKind::Dead, searched, dead))
         }
         DeadCommand::Show(message) => {
+            let consumer = consumer_of(pool, named, &message).await?;
             let stored = stored(pool, &key(&consumer, &message)).await?;
             out.emit(&MessageDetail::new(&consumer, stored))
         }
@@ -36,16 +40,48 @@ pub async fn run<DB: Backend>(
             message,
             operator,
             reason,
-        } => replay(pool, &key(&consumer, &message), &operator, &reason, out).await,
+        } => {
+            let consumer = consumer_of(pool, named, &message).await?;
+            replay(pool, &key(&consumer, &message), &operator, &reason, out).await
+        }
         DeadCommand::Discard {
             message,
             operator,
             reason,
             confirm,
         } => {
+            let consumer = consumer_of(pool, named, &message).await?;
             let key = key(&consumer, &message);
             discard(pool, &key, (&operator, &reason), &confirm, out).await
         }
+    }
+}
+
+/// The consumer of the message named: the one `--consumer` names, or the only one that stores
+/// it.
+pub async fn consumer_of<DB: Backend>(
+    pool: &Pool<DB>,
+    named: Option<String>,
+    message: &MessageArgs,
+) -> Result<String, CliError> {
+    let stores = async |consumer: &str| {
+        let stored = operators::show(pool, &key(consumer, message)).await?;
+        Ok(stored.is_some())
+    };
+    match consumer::holding(pool, named, stores).await? {
+        Holder::One(consumer) => Ok(consumer),
+        Holder::Nobody(searched) => Err(CliError::NoSuchMessage {
+            searched,
+            handler: message.handler.clone(),
+            message_id: message.message_id.clone(),
+        }),
+        Holder::Several(consumers) => Err(CliError::SeveralConsumers {
+            what: format!(
+                "message `{}` of handler `{}`",
+                message.message_id, message.handler
+            ),
+            consumers,
+        }),
     }
 }
 
@@ -104,13 +140,15 @@ async fn stored<DB: Backend>(
     pool: &Pool<DB>,
     key: &MessageKey<'_>,
 ) -> Result<StoredMessage, CliError> {
-    inbox_core::storage::operators::show(pool, key)
-        .await?
-        .ok_or_else(|| CliError::NoSuchMessage {
-            consumer: key.consumer.to_owned(),
-            handler: key.handler.to_owned(),
-            message_id: key.message_id.to_owned(),
-        })
+    let stored = operators::show(pool, key).await?;
+    stored.ok_or_else(|| CliError::NoSuchMessage {
+        searched: Searched::Consumer {
+            named: key.consumer.to_owned(),
+            existing: vec![key.consumer.to_owned()],
+        },
+        handler: key.handler.to_owned(),
+        message_id: key.message_id.to_owned(),
+    })
 }
 
 /// Fails unless `key` is a dead message, saying what it is instead: checked before asking for

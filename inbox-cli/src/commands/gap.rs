@@ -4,6 +4,7 @@ use inbox_core::{Backend, DeadLetterFilter, DeadReason, StoredMessage, Stream};
 use sqlx::Pool;
 
 use crate::cli::{GapArgs, GapCommand};
+use crate::consumer::{self, Holder};
 use crate::error::CliError;
 use crate::output::{GapSkipped, Output};
 use crate::prompt;
@@ -14,18 +15,17 @@ pub async fn run<DB: Backend>(
     args: GapArgs,
     out: &Output,
 ) -> Result<(), CliError> {
-    let consumer = args.consumer.consumer;
     let GapCommand::Skip {
         handler,
         aggregate,
         confirm,
     } = args.command;
+    let consumer = consumer_waiting(pool, args.consumer.consumer, &handler, &aggregate).await?;
     let stream = Stream {
         consumer: &consumer,
         handler: &handler,
         aggregate: &aggregate,
     };
-    ensure_waiting(pool, &stream).await?;
     let question = format!(
         "Skip the gap in front of aggregate `{aggregate}` of handler `{handler}` (consumer \
          `{consumer}`)? Its missing messages will be skipped as stale if they ever arrive."
@@ -39,11 +39,41 @@ pub async fn run<DB: Backend>(
     })
 }
 
-/// Fails with [`CliError::NoGap`] unless messages of `stream` are parked, or dead because their gap
-/// timed out: skipping a gap on any other stream would only create its row.
-async fn ensure_waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<(), CliError> {
+/// The consumer whose stream of `aggregate` waits behind a gap: the one `--consumer` names, or
+/// the only one whose does. Fails with [`CliError::NoGap`] when none does: skipping a gap on any
+/// other stream would only create its row.
+async fn consumer_waiting<DB: Backend>(
+    pool: &Pool<DB>,
+    named: Option<String>,
+    handler: &str,
+    aggregate: &str,
+) -> Result<String, CliError> {
+    let waits = async |consumer: &str| {
+        let stream = Stream {
+            consumer,
+            handler,
+            aggregate,
+        };
+        waiting(pool, &stream).await
+    };
+    match consumer::holding(pool, named, waits).await? {
+        Holder::One(consumer) => Ok(consumer),
+        Holder::Nobody(searched) => Err(CliError::NoGap {
+            searched,
+            handler: handler.to_owned(),
+            aggregate: aggregate.to_owned(),
+        }),
+        Holder::Several(consumers) => Err(CliError::SeveralConsumers {
+            what: format!("the gap of aggregate `{aggregate}` of handler `{handler}`"),
+            consumers,
+        }),
+    }
+}
+
+/// Whether messages of `stream` are parked, or dead because their gap timed out.
+async fn waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<bool, CliError> {
     if inbox_core::storage::streams::has_parked(pool, stream).await? {
-        return Ok(());
+        return Ok(true);
     }
     let filter = DeadLetterFilter::default().handler(stream.handler);
     let dead = inbox_core::storage::operators::dead_letters(pool, stream.consumer, &filter).await?;
@@ -51,12 +81,5 @@ async fn ensure_waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Re
         message.aggregate_id.as_deref() == Some(stream.aggregate)
             && message.dead_reason == Some(DeadReason::GapTimeout)
     };
-    if dead.iter().any(behind_gap) {
-        return Ok(());
-    }
-    Err(CliError::NoGap {
-        consumer: stream.consumer.to_owned(),
-        handler: stream.handler.to_owned(),
-        aggregate: stream.aggregate.to_owned(),
-    })
+    Ok(dead.iter().any(behind_gap))
 }

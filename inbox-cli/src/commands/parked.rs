@@ -1,9 +1,11 @@
 //! `inbox parked ...`.
 
-use inbox_core::Backend;
+use inbox_core::storage::operators;
+use inbox_core::{Backend, MessageStatus};
 use sqlx::Pool;
 
 use crate::cli::{ParkedArgs, ParkedCommand};
+use crate::consumer;
 use crate::error::CliError;
 use crate::output::{ListKind, MessageList, Output};
 
@@ -13,16 +15,12 @@ pub async fn run<DB: Backend>(
     args: ParkedArgs,
     out: &Output,
 ) -> Result<(), CliError> {
-    let consumer = args.consumer.consumer;
     match args.command {
         ParkedCommand::List => {
-            let parked = inbox_core::storage::operators::list(
-                pool,
-                &consumer,
-                inbox_core::MessageStatus::Parked,
-            )
-            .await?;
-            out.emit(&MessageList::new(ListKind::Parked, &consumer, parked))
+            let parked =
+                async |consumer: &str| operators::list(pool, consumer, MessageStatus::Parked).await;
+            let (parked, searched) = consumer::gather(pool, args.consumer.consumer, parked).await?;
+            out.emit(&MessageList::new(ListKind::Parked, searched, parked))
         }
     }
 }

@@ -4,6 +4,7 @@ use inbox_core::StoredMessage;
 use serde::Serialize;
 
 use super::{Render, cell, shorten, table};
+use crate::consumer::Searched;
 
 /// Which messages a list holds, which decides its columns.
 #[derive(Debug, Clone, Copy)]
@@ -14,20 +15,21 @@ pub enum ListKind {
     Parked,
 }
 
-/// A list of stored messages of one consumer; as JSON, an array.
+/// A list of stored messages, of one consumer or of all; as JSON, an array.
 #[derive(Debug, Serialize)]
 #[serde(transparent)]
 pub struct MessageList {
     #[serde(skip)]
     kind: ListKind,
     #[serde(skip)]
-    consumer: String,
+    searched: Searched,
     messages: Vec<MessageSummary>,
 }
 
 /// One message in a list.
 #[derive(Debug, Serialize)]
 struct MessageSummary {
+    consumer: String,
     handler: String,
     message_id: String,
     message_type: String,
@@ -43,19 +45,22 @@ struct MessageSummary {
 }
 
 impl MessageList {
-    /// The `kind` messages of `consumer`.
-    pub fn new(kind: ListKind, consumer: &str, messages: Vec<StoredMessage>) -> Self {
+    /// The `kind` messages found where `searched` says, each with its consumer.
+    pub fn new(kind: ListKind, searched: Searched, messages: Vec<(String, StoredMessage)>) -> Self {
+        let summary = |(consumer, message)| MessageSummary::new(consumer, message);
         Self {
             kind,
-            consumer: consumer.to_owned(),
-            messages: messages.into_iter().map(MessageSummary::from).collect(),
+            searched,
+            messages: messages.into_iter().map(summary).collect(),
         }
     }
 }
 
-impl From<StoredMessage> for MessageSummary {
-    fn from(message: StoredMessage) -> Self {
+impl MessageSummary {
+    /// `message` of `consumer`.
+    fn new(consumer: String, message: StoredMessage) -> Self {
         Self {
+            consumer,
             handler: message.handler,
             message_id: message.message_id,
             message_type: message.message_type,
@@ -76,6 +81,7 @@ impl Render for MessageList {
             ListKind::Dead => (
                 "dead",
                 &[
+                    "CONSUMER",
                     "HANDLER",
                     "MESSAGE ID",
                     "TYPE",
@@ -89,6 +95,7 @@ impl Render for MessageList {
             ListKind::Parked => (
                 "parked",
                 &[
+                    "CONSUMER",
                     "HANDLER",
                     "AGGREGATE",
                     "SEQUENCE",
@@ -99,7 +106,7 @@ impl Render for MessageList {
             ),
         };
         if self.messages.is_empty() {
-            return format!("No {what} messages for consumer `{}`.", self.consumer);
+            return format!("No {what} messages {}.", self.searched);
         }
         let rows = self.messages.iter().map(|message| self.row(message));
         table(header, rows)
@@ -113,6 +120,7 @@ impl MessageList {
         let sequence = cell(message.sequence_number);
         match self.kind {
             ListKind::Dead => vec![
+                message.consumer.clone(),
                 message.handler.clone(),
                 id,
                 kind,
@@ -125,6 +133,7 @@ impl MessageList {
             ListKind::Parked => {
                 let received = message.received_at.clone();
                 vec![
+                    message.consumer.clone(),
                     message.handler.clone(),
                     aggregate,
                     sequence,
@@ -140,7 +149,6 @@ impl MessageList {
 /// Everything stored about one message, its payload as text.
 #[derive(Debug, Serialize)]
 pub struct MessageDetail {
-    consumer: String,
     #[serde(flatten)]
     summary: MessageSummary,
     first_error: Option<String>,
@@ -156,13 +164,12 @@ impl MessageDetail {
     pub fn new(consumer: &str, mut message: StoredMessage) -> Self {
         let payload = message.payload.take();
         Self {
-            consumer: consumer.to_owned(),
             payload: payload.map(|payload| String::from_utf8_lossy(&payload).into_owned()),
             first_error: message.first_error.take(),
             resolution: message.resolution.take(),
             resolved_by: message.resolved_by.take(),
             resolved_reason: message.resolved_reason.take(),
-            summary: MessageSummary::from(message),
+            summary: MessageSummary::new(consumer.to_owned(), message),
         }
     }
 }
@@ -171,7 +178,7 @@ impl Render for MessageDetail {
     fn human(&self) -> String {
         let summary = &self.summary;
         let fields = [
-            ("consumer", Some(self.consumer.clone())),
+            ("consumer", Some(summary.consumer.clone())),
             ("handler", Some(summary.handler.clone())),
             ("message id", Some(summary.message_id.clone())),
             ("type", Some(summary.message_type.clone())),

@@ -22,6 +22,7 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::MySql;
 use sqlx::migrate::Migrator;
 
+use super::operators::RecordSql;
 use super::postgres::{
     first_of_aggregate, overdue_gaps, parked_streams, releasable, select_outbox, select_stored,
 };
@@ -227,6 +228,11 @@ const SQL: Statements = Statements {
         s.last_sequence, r.reason, o.status, os.last_sequence \
         FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os \
         WHERE 1 = 0",
+};
+
+/// MySQL's statements on what is kept for operators.
+pub(super) const RECORDS: RecordSql = RecordSql {
+    next_consumer: "SELECT MIN(consumer) FROM inbox_messages WHERE consumer > ?",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::MySqlConnection`.

@@ -5,10 +5,35 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
+#[cfg(feature = "mysql")]
+use super::mysql;
+use super::postgres;
 use super::sql::{self, Columns, FromColumns, Param, named};
+#[cfg(feature = "sqlite")]
+use super::sqlite;
 use super::{Backend, key_params};
 use crate::envelope::Envelope;
 use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution};
+
+/// The statements on what the inbox keeps for operators beyond [`super::Statements`], per
+/// database: the consumers there are, operators' actions, and conflicting deliveries. Each
+/// database's value is in its module, next to its [`super::Statements`].
+#[derive(Debug, Clone, Copy)]
+pub struct RecordSql {
+    /// The smallest consumer greater than a given one; `NULL` after the last ([`consumers`]).
+    pub next_consumer: &'static str,
+}
+
+/// The [`RecordSql`] of `DB`.
+pub(crate) fn record_sql<DB: Backend>() -> &'static RecordSql {
+    match DB::NAME {
+        #[cfg(feature = "mysql")]
+        <sqlx::MySql as sqlx::Database>::NAME => &mysql::RECORDS,
+        #[cfg(feature = "sqlite")]
+        <sqlx::Sqlite as sqlx::Database>::NAME => &sqlite::RECORDS,
+        _ => &postgres::RECORDS,
+    }
+}
 
 /// Which dead messages to list; every field narrows the list.
 ///
@@ -350,6 +375,22 @@ pub async fn rejected_counts<DB: Backend>(
 ) -> Result<Vec<(String, i64)>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     sql::fetch_all::<DB, _>(&mut conn, DB::SQL.operators.rejected_counts, &[]).await
+}
+
+/// The consumer groups that have dedup rows, in order. Each is found by one lookup of the
+/// primary key's leading column (the smallest consumer after the last one found), so the
+/// table is never scanned, however many rows each consumer holds.
+pub async fn consumers<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<String>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let mut consumers: Vec<String> = Vec::new();
+    loop {
+        let after = consumers.last().map_or("", String::as_str);
+        let next = record_sql::<DB>().next_consumer;
+        match sql::fetch_one::<DB, Option<String>>(&mut conn, next, &[Param::Text(after)]).await? {
+            Some(consumer) => consumers.push(consumer),
+            None => return Ok(consumers),
+        }
+    }
 }
 
 /// The space the inbox takes, in bytes (PostgreSQL, MySQL: its tables with their indexes;

@@ -11,6 +11,7 @@ use sqlx::migrate::Migrator;
 
 #[cfg(feature = "postgres")]
 use super::Backend;
+use super::operators::RecordSql;
 use super::{
     BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
 };
@@ -336,6 +337,11 @@ pub(super) const SQL: Statements = Statements {
         s.last_sequence, r.reason, o.status, os.last_sequence \
         FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os \
         WHERE 1 = 0",
+};
+
+/// PostgreSQL's statements on what is kept for operators.
+pub(super) const RECORDS: RecordSql = RecordSql {
+    next_consumer: "SELECT MIN(consumer) FROM inbox_messages WHERE consumer > $1",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::PgConnection`.

@@ -148,6 +148,12 @@ impl FromColumns for String {
     }
 }
 
+impl FromColumns for Option<String> {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        row.maybe_text(0)
+    }
+}
+
 impl FromColumns for (String, i64) {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
         Ok((row.text(0)?, row.int(1)?))

@@ -9,6 +9,7 @@ use crate::context::{Context, DatabaseHandle};
 use sqlx::Sqlite;
 use sqlx::migrate::Migrator;
 
+use super::operators::RecordSql;
 use super::postgres::{
     self, first_of_aggregate, overdue_gaps, parked_streams, select_outbox, select_stored,
 };
@@ -107,6 +108,11 @@ const SQL: Statements = Statements {
         ..postgres::SQL.outbox
     },
     ..postgres::SQL
+};
+
+/// SQLite's statements on what is kept for operators: PostgreSQL's.
+pub(super) const RECORDS: RecordSql = RecordSql {
+    ..postgres::RECORDS
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::SqliteConnection`.
