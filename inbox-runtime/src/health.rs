@@ -5,7 +5,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use inbox_core::Backend;
-use inbox_core::storage::{health, schema};
+use inbox_core::storage::health::{self, Backlog};
+use inbox_core::storage::schema;
 use serde::Serialize;
 
 use crate::inbox::Inbox;
@@ -28,17 +29,6 @@ pub struct Health {
     pub backlog: Vec<Backlog>,
     /// What the running source did last.
     pub source: SourceHealth,
-}
-
-/// How many messages of one status the consumer holds, and the oldest one's age.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Backlog {
-    /// `parked`, `failed` or `dead`.
-    pub status: String,
-    /// How many.
-    pub count: i64,
-    /// How long the oldest has waited, in seconds.
-    pub oldest_secs: Option<f64>,
 }
 
 /// What the source of the current (or last) run did.
@@ -135,7 +125,7 @@ impl<DB: Backend> Inbox<DB> {
             }
         };
         let backlog = match health::backlog(pool, &self.shared.consumer).await {
-            Ok(backlog) => backlog.into_iter().map(Backlog::from).collect(),
+            Ok(backlog) => backlog,
             Err(error) => {
                 database_error.get_or_insert(error.to_string());
                 Vec::new()
@@ -151,16 +141,6 @@ impl<DB: Backend> Inbox<DB> {
             missing_migrations,
             backlog,
             source,
-        }
-    }
-}
-
-impl From<health::Backlog> for Backlog {
-    fn from(backlog: health::Backlog) -> Self {
-        Self {
-            status: backlog.status,
-            count: backlog.count,
-            oldest_secs: backlog.oldest_secs,
         }
     }
 }

@@ -18,8 +18,9 @@ mod worker;
 
 pub use batch::Batch;
 pub use builder::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SWEEP_INTERVAL, InboxBuilder};
-pub use health::{Backlog, Health, SOURCE_FAILING_LIMIT, SourceHealth};
+pub use health::{Health, SOURCE_FAILING_LIMIT, SourceHealth};
 pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
+pub use inbox_core::storage::health::Backlog;
 pub use registry::BuildError;
 pub use route::Handled;
 #[cfg(feature = "amqp")]

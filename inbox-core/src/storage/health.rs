@@ -36,7 +36,7 @@ pub const MYSQL_BACKLOG: &str = "\
     FROM inbox_messages WHERE consumer = ? AND status = 'dead'";
 
 /// How many messages of one status a consumer holds, and how long the oldest has waited.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Backlog {
     /// `parked`, `failed` or `dead`.
     pub status: String,
