@@ -85,11 +85,11 @@ fn shorten(text: &str) -> String {
     }
 }
 
-/// A time in Unix epoch milliseconds as the CLI shows times: `YYYY-MM-DD HH:MM:SS`, in UTC.
+/// A time in Unix epoch milliseconds as the CLI shows every time: RFC 3339, in UTC, to the
+/// second (`2026-12-02T21:23:42Z`).
 fn utc(epoch_ms: i64) -> String {
     let since_epoch = Duration::from_millis(u64::try_from(epoch_ms).unwrap_or(0));
-    let rfc3339 = humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + since_epoch);
-    rfc3339.to_string().replacen('T', " ", 1).replace('Z', "")
+    humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + since_epoch).to_string()
 }
 
 /// Seconds as a rounded human duration: `3h 12m 5s`.
@@ -130,9 +130,9 @@ mod tests {
     }
 
     #[test]
-    fn epoch_milliseconds_read_as_a_utc_time() {
-        assert_eq!(utc(0), "1970-01-01 00:00:00");
-        assert_eq!(utc(1_700_000_000_999), "2023-11-14 22:13:20");
+    fn epoch_milliseconds_read_as_an_rfc_3339_time() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(1_700_000_000_999), "2023-11-14T22:13:20Z");
     }
 
     #[test]

@@ -38,9 +38,9 @@ struct MessageSummary {
     status: String,
     attempt_count: i32,
     last_error: Option<String>,
-    /// UTC.
+    /// RFC 3339, UTC.
     received_at: String,
-    /// UTC.
+    /// RFC 3339, UTC.
     failed_at: Option<String>,
 }
 
@@ -88,7 +88,7 @@ impl Render for MessageList {
                     "AGGREGATE",
                     "SEQUENCE",
                     "ATTEMPTS",
-                    "FAILED AT (UTC)",
+                    "FAILED AT",
                     "ERROR",
                 ],
             ),
@@ -101,7 +101,7 @@ impl Render for MessageList {
                     "SEQUENCE",
                     "MESSAGE ID",
                     "TYPE",
-                    "RECEIVED AT (UTC)",
+                    "RECEIVED AT",
                 ],
             ),
         };
@@ -186,8 +186,8 @@ impl Render for MessageDetail {
             ("sequence", summary.sequence_number.map(|n| n.to_string())),
             ("status", Some(summary.status.clone())),
             ("attempts", Some(summary.attempt_count.to_string())),
-            ("received at (UTC)", Some(summary.received_at.clone())),
-            ("failed at (UTC)", summary.failed_at.clone()),
+            ("received at", Some(summary.received_at.clone())),
+            ("failed at", summary.failed_at.clone()),
             ("first error", self.first_error.clone()),
             ("last error", summary.last_error.clone()),
             ("resolution", self.resolution.clone()),

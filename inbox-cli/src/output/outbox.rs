@@ -93,7 +93,7 @@ impl Render for OutboxList {
             "STATUS",
             "ATTEMPTS",
             "LAST ERROR",
-            "CREATED (UTC)",
+            "CREATED",
         ];
         table(&header, self.messages.iter().map(row)) + &self.limit_note()
     }

@@ -30,11 +30,11 @@ use super::{
     Backend, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
 };
 
-/// `received_at` and `failed_at` as UTC text (the session's time zone is UTC).
+/// `received_at` and `failed_at` in RFC 3339, UTC (the session's time zone is UTC).
 macro_rules! select_stored_utc {
     () => {
         select_stored!(
-            "DATE_FORMAT(received_at, '%Y-%m-%d %H:%i:%s'), DATE_FORMAT(failed_at, '%Y-%m-%d %H:%i:%s')"
+            "DATE_FORMAT(received_at, '%Y-%m-%dT%H:%i:%sZ'), DATE_FORMAT(failed_at, '%Y-%m-%dT%H:%i:%sZ')"
         )
     };
 }

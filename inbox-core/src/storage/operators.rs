@@ -159,9 +159,9 @@ pub struct StoredMessage {
     pub resolved_reason: Option<String>,
     /// Why it is dead, if it is.
     pub dead_reason: Option<DeadReason>,
-    /// When it was first received, in UTC (`YYYY-MM-DD HH:MM:SS`).
+    /// When it was first received, in RFC 3339, UTC (`2026-12-02T21:23:42Z`).
     pub received_at: String,
-    /// When its last attempt failed, in UTC (`YYYY-MM-DD HH:MM:SS`), if one did.
+    /// When its last attempt failed, in RFC 3339, UTC, if one did.
     pub failed_at: Option<String>,
 }
 

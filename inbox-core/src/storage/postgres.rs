@@ -38,7 +38,7 @@ macro_rules! first_of_aggregate {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use first_of_aggregate;
 
-/// The columns of a `StoredMessage`, with `received_at` and `failed_at` as UTC text.
+/// The columns of a `StoredMessage`, with `received_at` and `failed_at` as RFC 3339 text.
 macro_rules! select_stored {
     ($times:literal) => {
         concat!(
@@ -53,12 +53,12 @@ macro_rules! select_stored {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use select_stored;
 
-/// `received_at` and `failed_at` as UTC text.
+/// `received_at` and `failed_at` in RFC 3339, UTC.
 macro_rules! select_stored_utc {
     () => {
         select_stored!(
-            "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), \
-             to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
+            "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+             to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
         )
     };
 }

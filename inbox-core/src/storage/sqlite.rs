@@ -17,6 +17,15 @@ use super::{
     Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Statements, StreamSql,
 };
 
+/// `received_at` and `failed_at` in RFC 3339 (SQLite keeps UTC text).
+macro_rules! select_stored_utc {
+    () => {
+        select_stored!(
+            "strftime('%Y-%m-%dT%H:%M:%SZ', received_at), strftime('%Y-%m-%dT%H:%M:%SZ', failed_at)"
+        )
+    };
+}
+
 /// SQLite's statements.
 const SQL: Statements = Statements {
     messages: MessageSql {
@@ -30,18 +39,18 @@ const SQL: Statements = Statements {
     },
     operators: OperatorSql {
         dead_letters: concat!(
-            select_stored!("received_at, failed_at"),
+            select_stored_utc!(),
             "WHERE consumer = $1 AND status = 'dead' AND handler = COALESCE($2, handler) \
              AND message_type = COALESCE($3, message_type) \
              AND ($4 OR failed_at >= datetime('now', '-' || $5 || ' seconds')) \
              ORDER BY handler, aggregate_id, sequence_number, message_id LIMIT $6 OFFSET $7"
         ),
         show: concat!(
-            select_stored!("received_at, failed_at"),
+            select_stored_utc!(),
             "WHERE consumer = $1 AND handler = $2 AND message_id = $3"
         ),
         list: concat!(
-            select_stored!("received_at, failed_at"),
+            select_stored_utc!(),
             "WHERE consumer = $1 AND status = $2 ORDER BY handler, aggregate_id, sequence_number, message_id"
         ),
         due_retries: "SELECT message_id FROM inbox_messages INDEXED BY inbox_messages_retry_due \
