@@ -34,6 +34,11 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// On a database error, print the database's own message too (the error's sentence leaves
+    /// it out: it can hold the server's internals).
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

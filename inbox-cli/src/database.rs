@@ -4,7 +4,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use inbox_core::Backend;
-use sqlx::error::DatabaseError;
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgPool, Pool, SqlitePool};
@@ -146,26 +145,7 @@ async fn open<DB: sqlx::Database>(
 /// Fails with [`CliError::SchemaMissing`] (exit 3) if the inbox tables are missing or older
 /// than this command, and with a plain database error if the database could not answer.
 pub async fn check_schema<DB: Backend>(pool: &Pool<DB>) -> Result<(), CliError> {
-    match inbox_core::storage::schema::check(pool).await {
-        Err(sqlx::Error::Database(error)) if is_missing_schema(&*error) => {
-            Err(CliError::SchemaMissing(sqlx::Error::Database(error)))
-        }
-        checked => Ok(checked?),
-    }
-}
-
-/// Whether the database says a table, column or schema does not exist.
-fn is_missing_schema(error: &dyn DatabaseError) -> bool {
-    /// PostgreSQL's undefined_table, undefined_column and invalid_schema_name; MySQL's
-    /// ER_NO_SUCH_TABLE and ER_BAD_FIELD_ERROR (the same SQLSTATE on every database).
-    const SERVER_MISSING: [&str; 5] = ["42P01", "42703", "3F000", "42S02", "42S22"];
-    let server = error
-        .code()
-        .is_some_and(|code| SERVER_MISSING.contains(&code.as_ref()));
-    let sqlite = ["no such table", "no such column"]
-        .iter()
-        .any(|missing| error.message().starts_with(missing));
-    server || sqlite
+    Ok(inbox_core::storage::schema::check(pool).await?)
 }
 
 #[cfg(test)]

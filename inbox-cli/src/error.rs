@@ -18,6 +18,8 @@ pub mod exit {
     pub const ABORTED: u8 = 5;
 }
 
+mod sentence;
+
 use crate::consumer::{Searched, names};
 
 /// A failed command, worded for the operator who ran it.
@@ -57,7 +59,7 @@ pub enum CliError {
     NoSuchDatabaseFile(String),
 
     /// The database could not be reached.
-    #[error("cannot connect to the database {target}: {source}")]
+    #[error("cannot connect to the database {target}: {}", sentence::of(.source))]
     Connect {
         /// Where the database is, without credentials.
         target: String,
@@ -66,10 +68,12 @@ pub enum CliError {
     },
 
     /// The inbox tables are missing, or older than this command.
-    #[error(
-        "the inbox schema is missing or out of date in this database ({0}): run `inbox migrate`"
-    )]
+    #[error("the inbox schema is missing or out of date in this database: run `inbox migrate`")]
     SchemaMissing(#[source] sqlx::Error),
+
+    /// The schema could not be applied.
+    #[error("could not apply the inbox schema: {}", migration(.0))]
+    Migrate(#[source] sqlx::migrate::MigrateError),
 
     /// No message is stored under the given handler and id.
     #[error(
@@ -138,11 +142,11 @@ pub enum CliError {
 
     /// An inbox operation failed.
     #[error(transparent)]
-    Inbox(#[from] inbox_core::Error),
+    Inbox(inbox_core::Error),
 
     /// A database query failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    #[error("{}", sentence::of(.0))]
+    Database(#[source] sqlx::Error),
 
     /// Writing the output or reading the prompt's answer failed.
     #[error("cannot use the terminal: {0}")]
@@ -163,6 +167,7 @@ impl CliError {
             #[cfg(not(feature = "mysql"))]
             Self::MySqlNotBuilt => exit::USAGE,
             Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
+            Self::Migrate(_) => exit::FAILED,
             Self::SeveralConsumers { .. } => exit::USAGE,
             Self::NoSuchMessage { .. }
             | Self::NotDead { .. }
@@ -177,5 +182,51 @@ impl CliError {
             | Self::Io(_)
             | Self::Json(_) => exit::FAILED,
         }
+    }
+}
+
+impl CliError {
+    /// What the database itself said, for `--verbose`: the server's message that the error's
+    /// sentence leaves out.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            Self::Connect { source, .. } | Self::SchemaMissing(source) | Self::Database(source) => {
+                Some(source.to_string())
+            }
+            Self::Migrate(error) => Some(error.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// A table or column the database lacks is a schema to migrate; any other refusal is a database
+/// error.
+impl From<sqlx::Error> for CliError {
+    fn from(error: sqlx::Error) -> Self {
+        match &error {
+            sqlx::Error::Database(refusal) if sentence::is_missing_schema(&**refusal) => {
+                Self::SchemaMissing(error)
+            }
+            _ => Self::Database(error),
+        }
+    }
+}
+
+impl From<inbox_core::Error> for CliError {
+    fn from(error: inbox_core::Error) -> Self {
+        match error {
+            inbox_core::Error::Database(error) => error.into(),
+            inbox_core::Error::Migrate(error) => Self::Migrate(error),
+            error => Self::Inbox(error),
+        }
+    }
+}
+
+/// Why a migration failed: the database's refusal as a sentence, or what sqlx found wrong with
+/// the migrations already applied (a version missing or changed: no server internals there).
+fn migration(error: &sqlx::migrate::MigrateError) -> String {
+    match error {
+        sqlx::migrate::MigrateError::Execute(error) => sentence::of(error),
+        error => error.to_string(),
     }
 }

@@ -24,10 +24,16 @@ use crate::error::exit;
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let verbose = cli.verbose;
     match commands::execute(cli).await {
         Ok(()) => ExitCode::from(exit::OK),
         Err(error) => {
             eprintln!("error: {error}");
+            match error.detail() {
+                Some(detail) if verbose => eprintln!("detail: {detail}"),
+                Some(_) => eprintln!("hint: --verbose prints the database's own message"),
+                None => {}
+            }
             ExitCode::from(error.exit_code())
         }
     }

@@ -81,9 +81,11 @@ fn utc_time(text: &str) -> bool {
 }
 
 /// The cases, for one backend: `$url` gives a new database's URL, `$connect` a pool on it (for
-/// SQLite, creating the file), and `$ten_days_ago` is SQL for that moment.
+/// SQLite, creating the file), `$ten_days_ago` is SQL for that moment, and `$refuse_updates` the
+/// statements of a trigger that fails every update of `inbox_messages` with a message of its
+/// own, as a server would with its internals.
 macro_rules! cli_suite {
-    ($db:ty, $url:path, $connect:path, $ten_days_ago:literal) => {
+    ($db:ty, $url:path, $connect:path, $ten_days_ago:literal, $refuse_updates:expr) => {
         use inbox::prelude::*;
         use serde_json::json;
 
@@ -276,6 +278,20 @@ macro_rules! cli_suite {
             cli(&url, &["dead", "replay", "record_order", "o-1"]).failed(4, &["`failed`, not dead"]);
 
             assert_eq!(row(&pool, "o-1").await.1.as_deref(), Some("replayed"));
+        }
+
+        #[tokio::test]
+        async fn a_database_error_is_a_sentence_and_the_servers_message_is_for_verbose() {
+            let Some((pool, url, _inbox)) = with_dead_order("cli_refused").await else { return };
+            for ddl in $refuse_updates {
+                sqlx::query(crate::common::sql::<$db>(ddl)).execute(&pool).await.expect("create the refusing trigger");
+            }
+
+            let refused = cli(&url, &["dead", "replay", "record_order", "o-1"]).failed(1, &["the database refused the operation", "--verbose"]);
+            assert!(!refused.stderr.contains("line 948"), "no server internals: {refused:#?}");
+            let verbose = cli(&url, &["dead", "replay", "record_order", "o-1", "--verbose"]).failed(1, &["detail: "]);
+            assert!(verbose.stderr.contains("line 948"), "--verbose has the server's message: {verbose:#?}");
+            assert_eq!(row(&pool, "o-1").await.0, "dead");
         }
 
         #[tokio::test]
@@ -556,7 +572,9 @@ mod sqlite {
         sqlx::Sqlite,
         crate::common::sqlite_url,
         connect,
-        "datetime('now', '-10 days')"
+        "datetime('now', '-10 days')",
+        ["CREATE TRIGGER refuse BEFORE UPDATE ON inbox_messages \
+             BEGIN SELECT RAISE(ABORT, 'refused by a trigger at line 948'); END"]
     );
 
     #[tokio::test]
@@ -596,7 +614,13 @@ mod postgres {
         sqlx::Postgres,
         crate::common::postgres_url,
         connect,
-        "now() - interval '10 days'"
+        "now() - interval '10 days'",
+        [
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             'BEGIN RAISE EXCEPTION ''refused by a trigger at line 948''; END'",
+            "CREATE TRIGGER refuse BEFORE UPDATE ON inbox_messages \
+             FOR EACH ROW EXECUTE FUNCTION refuse()"
+        ]
     );
 
     purge_lock_case!();
@@ -612,7 +636,11 @@ mod mysql {
         sqlx::MySql,
         crate::common::mysql_url,
         connect,
-        "CURRENT_TIMESTAMP(6) - INTERVAL 10 DAY"
+        "CURRENT_TIMESTAMP(6) - INTERVAL 10 DAY",
+        [
+            "CREATE TRIGGER refuse BEFORE UPDATE ON inbox_messages FOR EACH ROW \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by a trigger at line 948'"
+        ]
     );
 
     purge_lock_case!();
