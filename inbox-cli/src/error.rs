@@ -136,6 +136,14 @@ pub enum CliError {
     )]
     NoFailedOutboxMessage(String),
 
+    /// A purge (not a dry run) was not told its window.
+    #[error(
+        "a purge deletes rows: pass --older-than with a window longer than the broker's \
+         redelivery horizon (`inbox purge --dry-run` without it previews the default window, {})",
+        humantime::format_duration(crate::cli::DEFAULT_WINDOW)
+    )]
+    WindowNeeded,
+
     /// The operator answered no (or nothing) at the confirmation prompt.
     #[error("aborted: nothing was changed")]
     Aborted,
@@ -168,7 +176,7 @@ impl CliError {
             Self::MySqlNotBuilt => exit::USAGE,
             Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
             Self::Migrate(_) => exit::FAILED,
-            Self::SeveralConsumers { .. } => exit::USAGE,
+            Self::SeveralConsumers { .. } | Self::WindowNeeded => exit::USAGE,
             Self::NoSuchMessage { .. }
             | Self::NotDead { .. }
             | Self::NoGap { .. }

@@ -19,7 +19,7 @@ use crate::error::CliError;
 pub use actions::{Action, GapSkipped, Migrated, Resolved, Schema};
 pub use messages::{ListKind, MessageDetail, MessageList};
 pub use outbox::{OutboxList, OutboxRetried};
-pub use purge::{PurgeDone, PurgePlan};
+pub use purge::{PurgeDone, PurgePlan, Window};
 pub use status::StatusView;
 
 /// A command's result, printable both ways.

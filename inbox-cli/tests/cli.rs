@@ -372,6 +372,13 @@ macro_rules! cli_suite {
             let plan = cli(&url, &["purge", "--older-than", "7d", "--dry-run", "--json"]).ok().json();
             assert_eq!((&plan["purgeable"], &plan["kept_dead"], &plan["kept_parked"]), (&json!(500), &json!(1), &json!(0)), "{plan}");
             assert_eq!(count(&pool, "processed", "old").await, 500, "a dry run deletes nothing");
+            let default = cli(&url, &["purge", "--dry-run", "--json"]).ok().json();
+            assert_eq!((&default["default_window"], &default["older_than"], &default["purgeable"]), (&json!(true), &json!("7days"), &json!(500)), "{default}");
+            assert_eq!(plan["default_window"], json!(false), "{plan}");
+            let said = cli(&url, &["purge", "--dry-run"]).ok().stdout;
+            assert!(said.contains("more than 7days ago (the default window: no --older-than was given)"), "{said}");
+            cli(&url, &["purge", "--yes"]).failed(2, &["--older-than", "7days"]);
+            assert_eq!(count(&pool, "processed", "old").await, 500, "a purge without a window deletes nothing");
             cli(&url, &["purge", "--older-than", "7d"]).failed(5, &["aborted"]);
             assert_eq!(count(&pool, "processed", "old").await, 500, "no answer deletes nothing");
 

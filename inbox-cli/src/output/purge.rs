@@ -7,20 +7,54 @@ use serde::Serialize;
 
 use super::Render;
 
-/// The retention window of a purge, both ways.
+/// The retention window of a purge: the one `--older-than` gave, or the default a dry run
+/// previews without it.
+#[derive(Debug, Clone, Copy)]
+pub enum Window {
+    /// `--older-than`.
+    Given(Duration),
+    /// [`crate::cli::DEFAULT_WINDOW`].
+    Default(Duration),
+}
+
+impl Window {
+    /// How long rows are kept.
+    pub fn duration(self) -> Duration {
+        match self {
+            Self::Given(window) | Self::Default(window) => window,
+        }
+    }
+}
+
+/// A window both ways, and whether it is the default.
 #[derive(Debug, Serialize)]
-struct Window {
+struct WindowView {
     /// As given: `7days`.
     older_than: String,
     /// In seconds.
     older_than_secs: u64,
+    /// `true`: no `--older-than` was given, and this is the default window.
+    default_window: bool,
 }
 
-impl Window {
-    fn new(window: Duration) -> Self {
+impl WindowView {
+    fn new(window: Window) -> Self {
+        let duration = window.duration();
         Self {
-            older_than: humantime::format_duration(window).to_string(),
-            older_than_secs: window.as_secs(),
+            older_than: humantime::format_duration(duration).to_string(),
+            older_than_secs: duration.as_secs(),
+            default_window: matches!(window, Window::Default(_)),
+        }
+    }
+
+    /// "more than 7days ago", and which window that is when it is the default.
+    fn human(&self) -> String {
+        match self.default_window {
+            true => format!(
+                "more than {} ago (the default window: no --older-than was given)",
+                self.older_than
+            ),
+            false => format!("more than {} ago", self.older_than),
         }
     }
 }
@@ -30,7 +64,7 @@ impl Window {
 pub struct PurgePlan {
     dry_run: bool,
     #[serde(flatten)]
-    window: Window,
+    window: WindowView,
     /// Processed and stale rows older than the window.
     purgeable: i64,
     /// Parked messages older than the window, kept.
@@ -41,10 +75,10 @@ pub struct PurgePlan {
 
 impl PurgePlan {
     /// What a purge with `window` would do, from its preview.
-    pub fn new(window: Duration, preview: PurgePreview) -> Self {
+    pub fn new(window: Window, preview: PurgePreview) -> Self {
         Self {
             dry_run: true,
-            window: Window::new(window),
+            window: WindowView::new(window),
             purgeable: preview.purgeable,
             kept_parked: preview.parked,
             kept_dead: preview.dead,
@@ -56,9 +90,9 @@ impl Render for PurgePlan {
     fn human(&self) -> String {
         format!(
             "Dry run, nothing deleted: a purge would delete {} processed or stale rows handled \
-             more than {} ago.{}",
+             {}.{}",
             self.purgeable,
-            self.window.older_than,
+            self.window.human(),
             kept("It would keep", self.kept_parked, self.kept_dead)
         )
     }
@@ -69,7 +103,7 @@ impl Render for PurgePlan {
 pub struct PurgeDone {
     dry_run: bool,
     #[serde(flatten)]
-    window: Window,
+    window: WindowView,
     /// `false`: another instance was purging, and this one did nothing.
     led: bool,
     /// Rows deleted.
@@ -87,7 +121,7 @@ impl PurgeDone {
     pub fn new(window: Duration, report: PurgeReport) -> Self {
         Self {
             dry_run: false,
-            window: Window::new(window),
+            window: WindowView::new(Window::Given(window)),
             led: report.led,
             purged: report.purged,
             batches: report.batches,
@@ -105,9 +139,9 @@ impl Render for PurgeDone {
                 .to_owned();
         }
         format!(
-            "Purged {} processed or stale rows handled more than {} ago, in {} batches.{}",
+            "Purged {} processed or stale rows handled {}, in {} batches.{}",
             self.purged,
-            self.window.older_than,
+            self.window.human(),
             self.batches,
             kept("Kept", self.kept_parked, self.kept_dead)
         )
