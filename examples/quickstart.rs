@@ -1,4 +1,4 @@
-//! Quickstart: an orders ledger fed by an at-least-once broker.
+//! Quickstart: an orders ledger fed by an at-least-once broker, and what each ordering makes of it.
 //!
 //! A payment service emits `PaymentReceived` events, numbered 1, 2, 3, ... per order; our ledger
 //! credits each order's balance. The broker delivers *at least once*: it re-sends events, and it
@@ -6,16 +6,20 @@
 //! `#[inbox_handler]` runs it in a transaction that also records the event id (a re-sent event is
 //! a `Duplicate`: nothing runs) and guards the order's sequence.
 //!
-//! Three passes deliver the same events, each with >30% duplicate deliveries:
-//!   1. shuffled, monotonic ordering (the default): an event not newer than the last one applied to
-//!      its order is skipped as `Stale`, so the ledger is the sum of what the inbox recorded as
-//!      processed, not of every payment;
-//!   2. in order per order, monotonic: duplicates only, the ledger is the plain sum of all payments;
-//!   3. shuffled, strict ordering: an event ahead of its order's next sequence is `Parked` and
-//!      applied (`Released`) once its predecessors have, so the ledger is again the plain sum, each
-//!      payment applied exactly once, and nothing is left parked.
+//! Three passes deliver the same events, with the same re-sends, and print a row each:
+//!   1. monotonic ordering (the default), shuffled: an event not newer than the last one applied to
+//!      its order is skipped as `Stale`, so the ledger comes out short by every payment that came
+//!      after a later one;
+//!   2. monotonic, each order's events in sequence (as one partition of a log delivers them):
+//!      nothing is stale, the ledger is exact;
+//!   3. strict ordering, shuffled: an event ahead of its order's next sequence is `Parked` and
+//!      applied (`Released`) once its predecessors have; the ledger is exact, nothing is left
+//!      parked.
 //!
-//! Each pass is checked against a replay of the guard's rules over its delivery stream.
+//! Then one order's payments, step by step under both orderings, and a line per pass saying why
+//! it ended as it did. Each pass is checked against a replay of the guard's rules over its
+//! deliveries, and the ledger against the payments applied: anything else is a `MISMATCH`, and the
+//! example exits with status 1.
 //!
 //! Choosing: monotonic when only the latest event matters (a status, a snapshot); strict when every
 //! event must apply, in order (credits, counters), and sequences are contiguous from 1.
@@ -199,25 +203,26 @@ struct Pass {
     /// Every order's deliveries shuffled, or in sequence order (duplicates either way).
     shuffled: bool,
     rules: Rules,
-    /// The ledger must be the plain sum of all payments (else: of those the inbox applied).
+    /// Every payment must apply, once: the ledger is the plain sum of all payments (else: of
+    /// those the inbox applied).
     credits_all: bool,
 }
 
 const PASSES: [Pass; 3] = [
     Pass {
-        title: "shuffled",
+        title: "monotonic, shuffled",
         shuffled: true,
         rules: Rules::Monotonic,
         credits_all: false,
     },
     Pass {
-        title: "in order",
+        title: "monotonic, in order",
         shuffled: false,
         rules: Rules::Monotonic,
         credits_all: true,
     },
     Pass {
-        title: "shuffled, strict",
+        title: "strict, shuffled",
         shuffled: true,
         rules: Rules::Strict,
         credits_all: true,
@@ -290,7 +295,7 @@ fn fresh_sqlite_file() -> String {
     format!("sqlite://{}", path.display())
 }
 
-/// Runs every pass on one database and prints what happened; `true` if all check out.
+/// Runs every pass on one database and prints what happened and why; `true` if all check out.
 async fn run<DB, M, S>(
     pool: Pool<DB>,
     handlers: Handlers<M, S>,
@@ -313,10 +318,7 @@ where
     // (a stable sort by sequence keeps the orders interleaved).
     let mut in_order = shuffled.clone();
     in_order.sort_by_key(|event| event.sequence);
-    let (count, n) = (events.len(), shuffled.len());
-    let (duplicates, share) = (n - count, 100 * (n - count) / n);
-    println!("{count} payments for {ORDERS} orders, on {}", DB::NAME);
-    println!("each pass: {n} deliveries, {duplicates} of them duplicates ({share}%)\n");
+    print_setup(events, &shuffled, DB::NAME);
 
     let mut results = Vec::new();
     for pass in &PASSES {
@@ -337,62 +339,135 @@ where
             .fetch_all(&pool)
             .await?;
         let ledger = sqlx::query_as(LEDGER).fetch_all(&pool).await?;
-        let verdict = check(pass, events, stream, &delivered, records, ledger);
-        results.push((pass, delivered.counts, verdict));
+        results.push(check(pass, events, stream, &delivered, records, ledger));
     }
 
-    print_table(&results);
-    for (pass, _, verdict) in &results {
-        match verdict {
-            Ok(summary) => println!("{}: OK, {summary}", pass.title),
-            Err(problems) => {
-                let problems = problems.join("\n  - ");
-                println!("{}: MISMATCH\n  - {problems}", pass.title);
-            }
-        }
-    }
-    let ok = results.iter().all(|(_, _, verdict)| verdict.is_ok());
-    match ok {
-        true => println!("verdict: OK — every payment counted once, the ledger matches"),
-        false => println!("verdict: MISMATCH — see above"),
-    }
-    Ok(ok)
+    print_table(&results, total(events));
+    print_example(events, &shuffled);
+    Ok(print_verdicts(&results, events, &shuffled))
 }
 
-/// The outcome table's rows.
-const ROWS: [&str; 9] = [
+/// The payments' plain sum: what the ledger holds if every payment is credited once.
+fn total(events: &[PaymentReceived]) -> i64 {
+    events.iter().map(|event| event.amount).sum()
+}
+
+/// What every pass is given.
+fn print_setup(events: &[PaymentReceived], shuffled: &[PaymentReceived], database: &str) {
+    let (count, n) = (events.len(), shuffled.len());
+    let (resent, share) = (n - count, 100 * (n - count) / n);
+    let total = total(events);
+    println!(
+        "{count} payments to {ORDERS} orders, {total} in all, numbered 1, 2, 3, ... per order; on {database}."
+    );
+    println!(
+        "The broker delivers each at least once: {n} deliveries, {resent} of them re-sends ({share}%)."
+    );
+    println!(
+        "Every pass gets the same deliveries: shuffled, or in sequence per order (\"in order\").\n"
+    );
+}
+
+/// What a pass's run did, as the runtime counted it.
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    deliveries: u64,
+    processed: u64,
+    released: u64,
+    duplicates: u64,
+    stale: u64,
+    parked: u64,
+    conflicts: u64,
+    failed: u64,
+    acked: u64,
+}
+
+impl Counts {
+    /// Credited to the ledger: processed at once, or released from parking.
+    fn applied(&self) -> u64 {
+        self.processed + self.released
+    }
+
+    /// Each count with its name, to say which ones differ.
+    fn named(&self) -> [(&'static str, u64); 9] {
+        [
+            ("deliveries", self.deliveries),
+            ("processed", self.processed),
+            ("released", self.released),
+            ("duplicates", self.duplicates),
+            ("stale", self.stale),
+            ("parked", self.parked),
+            ("conflicts", self.conflicts),
+            ("failed", self.failed),
+            ("acked", self.acked),
+        ]
+    }
+}
+
+/// What one pass did, and whether it is what the guard's rules say.
+struct Ran {
+    pass: &'static Pass,
+    counts: Counts,
+    /// The ledger's balance over every order.
+    ledger: i64,
+    /// Where the run differs from a replay of the guard's rules; empty when it checks out.
+    problems: Vec<String>,
+}
+
+/// The outcome table's columns after the pass's title.
+const COLUMNS: [&str; 7] = [
     "deliveries",
-    "processed",
-    "released",
-    "duplicates",
+    "duplicate",
     "stale",
     "parked",
-    "conflicts",
-    "failed",
-    "acked",
+    "released",
+    "applied",
+    "ledger",
 ];
-/// A pass's count for each of [`ROWS`].
-type Counts = [u64; ROWS.len()];
-/// A pass's check: a summary, or every problem found.
-type Verdict = Result<String, Vec<String>>;
 
-/// The count in the row labelled `label`.
-fn row(counts: &Counts, label: &str) -> u64 {
-    let index = ROWS.iter().position(|row| *row == label);
-    counts[index.expect("a row label")]
-}
+/// What the outcome table's words mean.
+const LEGEND: [&str; 5] = [
+    "duplicate  a re-send: its event id is recorded already, nothing runs",
+    "stale      not newer than the last payment applied to its order: recorded, skipped",
+    "parked     strict only: ahead of a missing predecessor, kept until the gap fills",
+    "released   a parked payment applied once its predecessor had",
+    "applied    credited to the ledger: processed at once, or released",
+];
 
-/// The outcome table: a column per pass.
-fn print_table(results: &[(&Pass, Counts, Verdict)]) {
-    let titles: String = results
-        .iter()
-        .map(|r| format!("{:>18}", r.0.title))
-        .collect();
-    println!("{:12}{titles}", "");
-    for (i, label) in ROWS.iter().enumerate() {
-        let counts: String = results.iter().map(|r| format!("{:>18}", r.1[i])).collect();
-        println!("  {label:<10}{counts}");
+/// The outcome table: a row per pass, then what its words mean.
+fn print_table(results: &[Ran], total: i64) {
+    let cells = |values: [String; 7]| -> String {
+        let cells = values.iter().zip(COLUMNS);
+        cells
+            .map(|(v, c)| format!("{v:>w$}", w = c.len() + 2))
+            .collect()
+    };
+    println!(
+        "{:20}{}  vs. all {total}",
+        "",
+        cells(COLUMNS.map(String::from))
+    );
+    for ran in results {
+        let c = &ran.counts;
+        let row = [
+            c.deliveries,
+            c.duplicates,
+            c.stale,
+            c.parked,
+            c.released,
+            c.applied(),
+        ];
+        let [a, b, c, d, e, f] = row.map(|n| n.to_string());
+        let row = cells([a, b, c, d, e, f, ran.ledger.to_string()]);
+        let versus = match total - ran.ledger {
+            0 => "exact".to_string(),
+            short if short > 0 => format!("short by {short}"),
+            over => format!("over by {}", -over),
+        };
+        println!("{:20}{row}  {versus}", ran.pass.title);
     }
+    println!();
+    LEGEND.iter().for_each(|line| println!("  {line}"));
     println!();
 }
 
@@ -421,17 +496,17 @@ async fn deliver<DB: Backend>(
     let inbox = builder.handler(handler).build().await?;
     let report = inbox.run(broker.source()).await?;
     let count = |outcome| report.handler_calls_with(outcome);
-    let counts = [
-        stream.len() as u64,
-        count(Outcome::Processed),
-        count(Outcome::Released),
-        count(Outcome::Duplicate),
-        count(Outcome::Stale),
-        count(Outcome::Parked),
-        count(Outcome::Conflict),
-        report.failed,
-        broker.acked(),
-    ];
+    let counts = Counts {
+        deliveries: stream.len() as u64,
+        processed: count(Outcome::Processed),
+        released: count(Outcome::Released),
+        duplicates: count(Outcome::Duplicate),
+        stale: count(Outcome::Stale),
+        parked: count(Outcome::Parked),
+        conflicts: count(Outcome::Conflict),
+        failed: report.failed,
+        acked: broker.acked(),
+    };
     let left_over = inbox.parked().await?.len() + inbox.dead().await?.len();
     Ok(Delivered {
         handler: name,
@@ -442,67 +517,29 @@ async fn deliver<DB: Backend>(
 
 /// Compares one pass with what must have happened.
 fn check(
-    pass: &Pass,
+    pass: &'static Pass,
     events: &[PaymentReceived],
     stream: &[PaymentReceived],
     delivered: &Delivered,
     records: Vec<(String, String)>,
     ledger: Vec<(String, i64, i64)>,
-) -> Verdict {
-    let records: HashMap<_, _> = records.into_iter().collect();
-    let ledger: BTreeMap<_, _> = ledger.into_iter().map(|(o, b, c)| (o, (b, c))).collect();
-    // 1. The outcome counts are those of a replay of the guard's rules over the delivery stream.
+) -> Ran {
     let rules = replay(stream, pass.rules);
-    let n = stream.len() as u64;
-    let expected = [
-        n,
-        rules.processed,
-        rules.released,
-        rules.duplicates,
-        rules.stale,
-        rules.parked,
-        0,
-        0,
-        n,
-    ];
-    let mut problems: Vec<String> = ROWS
-        .iter()
-        .zip(delivered.counts.iter().zip(expected))
-        .filter(|(_, (got, want))| *got != want)
-        .map(|(what, (got, want))| format!("{what}: got {got}, expected {want}"))
-        .collect();
-    if pass.credits_all {
-        let applied = row(&delivered.counts, "processed") + row(&delivered.counts, "released");
-        if applied != events.len() as u64 {
-            let want = events.len();
-            problems.push(format!(
-                "processed + released: got {applied}, expected {want}"
-            ));
-        }
+    let mut problems = check_counts(&delivered.counts, &rules);
+    if pass.credits_all && delivered.counts.applied() != events.len() as u64 {
+        let (got, want) = (delivered.counts.applied(), events.len());
+        problems.push(format!(
+            "applied: got {got}, expected every payment, {want}"
+        ));
     }
     if delivered.left_over > 0 {
         let left = delivered.left_over;
         problems.push(format!("{left} messages are left parked or dead"));
     }
-    // 2. The inbox recorded each distinct event once, as processed or stale, and the processed
-    //    ones (released ones included) are exactly those the rules allow.
-    if records.len() != events.len() {
-        let (got, want) = (records.len(), events.len());
-        problems.push(format!("inbox records: got {got}, expected {want}"));
-    }
-    let mut applied = HashSet::new();
-    for event in events {
-        match records.get(&event.event_id.to_string()).map(String::as_str) {
-            Some("processed") => _ = applied.insert(event.event_id),
-            Some("stale") => {}
-            other => problems.push(format!("event {} is recorded as {other:?}", event.event_id)),
-        }
-    }
-    if applied != rules.applied {
-        problems.push("the inbox applied other events than the guard's rules allow".into());
-    }
-    // 3. The ledger holds exactly the applied payments, each once: every distinct payment where
-    //    the pass promises it, else those the inbox recorded as processed.
+    let applied = check_records(events, records, &rules, &mut problems);
+    let ledger: BTreeMap<_, _> = ledger.into_iter().map(|(o, b, c)| (o, (b, c))).collect();
+    // The ledger holds exactly the applied payments, each once: every payment where the pass
+    // promises it, else those the inbox recorded as processed.
     let credited = |e: &&PaymentReceived| pass.credits_all || applied.contains(&e.event_id);
     let mut want = BTreeMap::new();
     for event in events.iter().filter(credited) {
@@ -515,31 +552,277 @@ fn check(
         let (got, want) = (ledger.get(order), want.get(order));
         problems.push(format!("{order}: ledger has {got:?}, expected {want:?}"));
     }
-    if !problems.is_empty() {
-        return Err(problems);
+    Ran {
+        pass,
+        counts: delivered.counts,
+        ledger: ledger.values().map(|(balance, _)| balance).sum(),
+        problems,
     }
-    let total: i64 = want.values().map(|(balance, _)| balance).sum();
-    let (count, what) = match pass.credits_all {
-        true => (events.len(), "distinct payments"),
-        false => (applied.len(), "payments the inbox recorded as processed"),
+}
+
+/// The outcome counts are those of a replay of the guard's rules over the delivery stream:
+/// no conflict, no failure, every delivery acknowledged.
+fn check_counts(counts: &Counts, rules: &Replay) -> Vec<String> {
+    let n = counts.deliveries;
+    let expected = Counts {
+        deliveries: n,
+        processed: rules.processed,
+        released: rules.released,
+        duplicates: rules.duplicates,
+        stale: rules.stale,
+        parked: rules.parked,
+        conflicts: 0,
+        failed: 0,
+        acked: n,
     };
-    let mut summary = format!("ledger = sum of the {count} {what} = {total}");
-    if rules.released > 0 {
-        let released = rules.released;
-        summary += &format!(" ({released} of them released from parking, none left parked)");
+    let got = counts.named().into_iter();
+    got.zip(expected.named())
+        .filter(|((_, got), (_, want))| got != want)
+        .map(|((what, got), (_, want))| format!("{what}: got {got}, expected {want}"))
+        .collect()
+}
+
+/// The inbox recorded each distinct event once, as processed or stale, and the processed ones
+/// (released ones included) are exactly those the rules allow. Returns those.
+fn check_records(
+    events: &[PaymentReceived],
+    records: Vec<(String, String)>,
+    rules: &Replay,
+    problems: &mut Vec<String>,
+) -> HashSet<Uuid> {
+    let records: HashMap<_, _> = records.into_iter().collect();
+    if records.len() != events.len() {
+        let (got, want) = (records.len(), events.len());
+        problems.push(format!("inbox records: got {got}, expected {want}"));
     }
-    Ok(summary)
+    let mut applied = HashSet::new();
+    for event in events {
+        match records.get(&event.event_id.to_string()).map(String::as_str) {
+            Some("processed") => _ = applied.insert(event.event_id),
+            Some("stale") => {}
+            other => problems.push(format!("event {} is recorded as {other:?}", event.event_id)),
+        }
+    }
+    let allowed: HashSet<Uuid> = rules
+        .steps
+        .iter()
+        .filter_map(Step::applied)
+        .flatten()
+        .collect();
+    if applied != allowed {
+        problems.push("the inbox applied other events than the guard's rules allow".into());
+    }
+    applied
+}
+
+/// Why each pass ended as it did, then whether every pass is what the guard's rules say.
+fn print_verdicts(
+    results: &[Ran],
+    events: &[PaymentReceived],
+    shuffled: &[PaymentReceived],
+) -> bool {
+    let ok = results.iter().all(|ran| ran.problems.is_empty());
+    if ok {
+        let resent = shuffled.len() - events.len();
+        println!("- every pass: {resent} re-sends came back as duplicates; nothing ran twice,");
+        println!("  no payment was credited twice.");
+    }
+    for ran in results {
+        match ran.problems.as_slice() {
+            [] => println!("- {}: {}", ran.pass.title, lesson(ran, events)),
+            problems => {
+                let problems = problems.join("\n    ");
+                println!(
+                    "- {}: MISMATCH with the guard's rules\n    {problems}",
+                    ran.pass.title
+                );
+            }
+        }
+    }
+    match ok {
+        true => println!(
+            "\ncheck: OK — each pass did what a replay of the guard's rules over its deliveries does,\n\
+             the inbox recorded each payment once, and each order's ledger row holds exactly the\n\
+             payments applied, each once."
+        ),
+        false => println!("\ncheck: MISMATCH — see above"),
+    }
+    ok
+}
+
+/// What a pass teaches: what the ordering did with its stream, and what it is for.
+fn lesson(ran: &Ran, events: &[PaymentReceived]) -> String {
+    let (c, count) = (&ran.counts, events.len());
+    match (ran.pass.rules, c.stale) {
+        (Rules::Monotonic, 0) => format!(
+            "each order's payments came in sequence, so none was stale and all {count}\n  \
+             applied. Monotonic counts every event only while the broker keeps each aggregate's\n  \
+             order: a partition of a log does, until a delivery is retried after its successor."
+        ),
+        (Rules::Monotonic, stale) => format!(
+            "{stale} payments came after a later payment of their order had applied:\n  \
+             skipped as stale, never credited, so the ledger is short by {short}. Right where only\n  \
+             the newest event counts (a status, a snapshot); a ledger must not lose events.",
+            short = total(events) - ran.ledger,
+        ),
+        (Rules::Strict, _) => format!(
+            "{parked} payments came ahead of a missing predecessor: parked, then released\n  \
+             in order once it applied, none left behind. All {count} applied, once each, in order:\n  \
+             a ledger needs `ordering = \"strict\"`.",
+            parked = c.parked,
+        ),
+    }
+}
+
+/// One order's payments as the shuffled stream first delivered them, and what each ordering did
+/// with each: the table's numbers, on a scale one can follow.
+fn print_example(events: &[PaymentReceived], shuffled: &[PaymentReceived]) {
+    let (monotonic, strict) = (
+        replay(shuffled, Rules::Monotonic),
+        replay(shuffled, Rules::Strict),
+    );
+    let Some(order) = example_order(events, shuffled, &monotonic) else {
+        return;
+    };
+    let monotonic = monotonic.of_order(shuffled, &order);
+    let strict = strict.of_order(shuffled, &order);
+    let sequence = |step: &Step| shuffled[step.delivery].sequence;
+    let payments: Vec<String> = monotonic.iter().map(|s| sequence(s).to_string()).collect();
+    let count = payments.len();
+    let did = |steps: &[&Step]| -> Vec<String> {
+        steps.iter().map(|step| step.decision.to_string()).collect()
+    };
+    let credited = |steps: &[&Step]| {
+        let applied = steps
+            .iter()
+            .filter_map(|step| step.applied())
+            .flatten()
+            .count();
+        format!("→ {applied} of {count} credited")
+    };
+    let rows = [
+        ("payment", payments, String::new()),
+        ("monotonic", did(&monotonic), credited(&monotonic)),
+        ("strict", did(&strict), credited(&strict)),
+    ];
+    let widths: Vec<usize> = (0..count)
+        .map(|i| {
+            rows.iter()
+                .map(|(_, row, _)| row[i].len())
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .collect();
+    println!(
+        "Why: {order}'s {count} payments as the shuffled stream delivered them, re-sends left out."
+    );
+    for (label, row, credited) in &rows {
+        let cells: String = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", format!("  {label:<11}{cells}{credited}").trim_end());
+    }
+    let chain = strict.iter().find_map(|step| match &step.decision {
+        Decision::Applied(_, released) if !released.is_empty() => Some((step, released)),
+        _ => None,
+    });
+    if let Some((step, released)) = chain {
+        let released: Vec<String> = released.iter().map(|(seq, _)| seq.to_string()).collect();
+        let (seq, released) = (sequence(step), released.join(", "));
+        println!(
+            "  ({}: applies {seq}, then the parked {released}, which waited for it)",
+            step.decision
+        );
+    }
+    println!();
+}
+
+/// The first order with a few payments (so that its line stays short) of which monotonic
+/// skipped at least two as stale.
+fn example_order(
+    events: &[PaymentReceived],
+    shuffled: &[PaymentReceived],
+    monotonic: &Replay,
+) -> Option<String> {
+    let mut stale: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for event in events {
+        stale.entry(&event.order_id).or_default().0 += 1;
+    }
+    for step in &monotonic.steps {
+        if matches!(step.decision, Decision::Stale) {
+            let order = shuffled[step.delivery].order_id.as_str();
+            stale.entry(order).or_default().1 += 1;
+        }
+    }
+    let mut orders = stale.into_iter();
+    let found = orders.find(|(_, (payments, stale))| *payments <= 7 && *stale >= 2);
+    found.map(|(order, _)| order.to_string())
+}
+
+/// What the guard's rules do with the first delivery of a payment.
+enum Decision {
+    /// Applied, then the parked successors released after it, by sequence.
+    Applied(Uuid, Vec<(i64, Uuid)>),
+    Stale,
+    Parked,
+}
+
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decision::Applied(_, released) => {
+                f.write_str("apply")?;
+                released.iter().try_for_each(|(seq, _)| write!(f, "+{seq}"))
+            }
+            Decision::Stale => f.write_str("stale"),
+            Decision::Parked => f.write_str("park"),
+        }
+    }
+}
+
+/// The rules' decision on the first delivery of a payment, the `delivery`-th of the stream.
+struct Step {
+    delivery: usize,
+    decision: Decision,
+}
+
+impl Step {
+    /// The payments this step applied: the delivered one and those it released.
+    fn applied(&self) -> Option<Vec<Uuid>> {
+        match &self.decision {
+            Decision::Applied(id, released) => Some(
+                std::iter::once(*id)
+                    .chain(released.iter().map(|r| r.1))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
 }
 
 /// What the guard's rules make of a delivery stream.
 #[derive(Default)]
 struct Replay {
-    applied: HashSet<Uuid>,
+    /// A step per payment, in the order of their first deliveries.
+    steps: Vec<Step>,
     processed: u64,
     released: u64,
     duplicates: u64,
     stale: u64,
     parked: u64,
+}
+
+impl Replay {
+    /// The steps of one order's payments, in the order of their first deliveries in `stream`.
+    fn of_order<'r>(&'r self, stream: &[PaymentReceived], order: &str) -> Vec<&'r Step> {
+        let steps = self.steps.iter();
+        steps
+            .filter(|step| stream[step.delivery].order_id == order)
+            .collect()
+    }
 }
 
 /// The guard's rules, replayed in memory. An event's later deliveries are duplicates. Its first
@@ -551,25 +834,31 @@ fn replay(stream: &[PaymentReceived], rules: Rules) -> Replay {
     let (mut seen, mut replay) = (HashSet::new(), Replay::default());
     // Per order: the last applied sequence, and the parked events by sequence.
     let mut orders: HashMap<&str, (i64, BTreeMap<i64, Uuid>)> = HashMap::new();
-    for event in stream {
+    for (delivery, event) in stream.iter().enumerate() {
         let (last, parked) = orders.entry(&event.order_id).or_default();
         if !seen.insert(event.event_id) {
             replay.duplicates += 1;
-        } else if event.sequence <= *last {
+            continue;
+        }
+        let decision = if event.sequence <= *last {
             replay.stale += 1;
+            Decision::Stale
         } else if rules == Rules::Monotonic || event.sequence == *last + 1 {
             *last = event.sequence;
-            replay.applied.insert(event.event_id);
             replay.processed += 1;
+            let mut released = Vec::new();
             while let Some(successor) = parked.remove(&(*last + 1)) {
                 *last += 1;
-                replay.applied.insert(successor);
-                replay.released += 1;
+                released.push((*last, successor));
             }
+            replay.released += released.len() as u64;
+            Decision::Applied(event.event_id, released)
         } else {
             parked.insert(event.sequence, event.event_id);
             replay.parked += 1;
-        }
+            Decision::Parked
+        };
+        replay.steps.push(Step { delivery, decision });
     }
     replay
 }

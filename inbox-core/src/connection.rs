@@ -37,8 +37,8 @@ impl<DB: Backend> Connect<DB> for Pool<DB> {
 
 /// One connection from a pool, kept between the guarded transactions begun on it, so that they
 /// cost no pool checks. It is taken from the pool at the first transaction and given back (for
-/// the pool to check it, and to apply its own lifetime rules) when it has been kept for
-/// [`KEPT_FOR`] or idle for [`KEPT_IDLE`]; a connection on which a transaction cannot begin (the
+/// the pool to check it, and to apply its own lifetime rules) when it has been kept for a
+/// minute or idle for ten seconds; a connection on which a transaction cannot begin (the
 /// database restarted, the connection was cut) is given up, and the next transaction takes a new
 /// one. Once the pool is closed, no transaction begins, as with the pool itself.
 ///

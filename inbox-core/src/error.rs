@@ -113,7 +113,8 @@ impl Error {
     /// delivery as rejected instead of handing it back.
     ///
     /// ```
-    /// use inbox_core::Error;
+    /// # use inbox_core as inbox;
+    /// use inbox::Error;
     ///
     /// assert!(Error::Database(sqlx::Error::PoolTimedOut).is_transient());
     /// let bad = Error::Decode { message_type: "order.paid".into(), reason: "EOF".into() };
@@ -151,7 +152,8 @@ fn refuses_input(error: &dyn sqlx::error::DatabaseError) -> bool {
 /// `?`, so handlers can use `sqlx` and their own errors directly.
 ///
 /// ```
-/// use inbox_core::HandlerError;
+/// # use inbox_core as inbox;
+/// use inbox::HandlerError;
 ///
 /// fn parse(amount: &str) -> Result<i64, HandlerError> {
 ///     Ok(amount.parse::<i64>()?)
@@ -173,7 +175,8 @@ fn refuses_input(error: &dyn sqlx::error::DatabaseError) -> bool {
 /// with `?`:
 ///
 /// ```
-/// use inbox_core::HandlerError;
+/// # use inbox_core as inbox;
+/// use inbox::HandlerError;
 ///
 /// fn check(amount: i64) -> Result<(), HandlerError> {
 ///     if amount < 0 { return Err(HandlerError::msg("a negative amount")); }
@@ -197,7 +200,8 @@ pub struct HandlerError {
 /// values are permanent; every value is transient by default.
 ///
 /// ```
-/// use inbox_core::Permanence;
+/// # use inbox_core as inbox;
+/// use inbox::Permanence;
 ///
 /// #[derive(Debug, thiserror::Error)]
 /// enum ShopError {
@@ -247,7 +251,8 @@ impl HandlerError {
     /// once instead of being retried.
     ///
     /// ```
-    /// use inbox_core::HandlerError;
+    /// # use inbox_core as inbox;
+    /// use inbox::HandlerError;
     ///
     /// let error = HandlerError::permanent("order 7 does not exist");
     /// assert!(error.is_permanent());

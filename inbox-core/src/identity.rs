@@ -32,7 +32,8 @@ impl Identity {
     ///
     /// ```
     /// use std::borrow::Cow;
-    /// use inbox_core::Identity;
+    /// # use inbox_core as inbox;
+    /// use inbox::Identity;
     ///
     /// let single = Identity::new(&[Cow::Borrowed("evt-1")], None, None).unwrap();
     /// assert_eq!(single.message_id(), "evt-1");

@@ -135,7 +135,8 @@ impl MessageStatus {
     /// The status a column value names, if it names one.
     ///
     /// ```
-    /// use inbox_core::MessageStatus;
+    /// # use inbox_core as inbox;
+    /// use inbox::MessageStatus;
     /// assert_eq!(MessageStatus::parse("parked"), Some(MessageStatus::Parked));
     /// assert_eq!(MessageStatus::parse("lost"), None);
     /// ```

@@ -1,6 +1,8 @@
 //! Core of the `inbox` framework: the message model, the guard and its storage.
 //!
-//! Most users depend on the `inbox` facade crate instead, which re-exports this one.
+//! Most users depend on the `inbox` facade crate instead, which re-exports this one. The
+//! examples of what it re-exports are written as its users write them, `use inbox::RetryPolicy;`:
+//! with this crate alone, that is `use inbox_core::RetryPolicy;`.
 #![warn(missing_docs)]
 
 pub mod batch;
@@ -65,7 +67,8 @@ pub async fn migrate<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), Error> {
 /// The inbox schema for `DB` as plain DDL, for teams that run their own migrations.
 ///
 /// ```
-/// let ddl = inbox_core::schema::<sqlx::Postgres>();
+/// # use inbox_core as inbox;
+/// let ddl = inbox::schema::<sqlx::Postgres>();
 /// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS inbox_messages"));
 /// ```
 pub fn schema<DB: Backend>() -> &'static str {

@@ -67,7 +67,8 @@ pub const AGGREGATE_SEQUENCE: &str = "aggregate-sequence";
 /// destination (where the relay publishes it, instead of where it routes the type).
 ///
 /// ```
-/// use inbox_core::outbox::Outgoing;
+/// # use inbox_core as inbox;
+/// use inbox::outbox::Outgoing;
 ///
 /// let raw = Outgoing::new("order.placed", br#"{"order_id":"o-1"}"#.to_vec())
 ///     .aggregate("o-1")

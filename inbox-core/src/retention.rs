@@ -18,7 +18,8 @@ use crate::storage::{Backend, purge as statements};
 ///
 /// ```
 /// use std::time::Duration;
-/// use inbox_core::Retention;
+/// # use inbox_core as inbox;
+/// use inbox::Retention;
 ///
 /// let week = Duration::from_secs(7 * 24 * 3600);
 /// let retention = Retention::new(week)

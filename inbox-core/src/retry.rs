@@ -6,7 +6,8 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use inbox_core::RetryPolicy;
+/// # use inbox_core as inbox;
+/// use inbox::RetryPolicy;
 ///
 /// let policy = RetryPolicy::new(3).backoff(Duration::from_millis(100), Duration::from_secs(1)).jitter(0.0);
 /// assert_eq!(policy.delay_after(1), Some(Duration::from_millis(100)));
@@ -67,7 +68,8 @@ impl RetryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use inbox_core::RetryPolicy;
+    /// # use inbox_core as inbox;
+    /// use inbox::RetryPolicy;
     ///
     /// let policy = RetryPolicy::new(3).attempt_timeout(Duration::from_secs(5));
     /// assert_eq!(policy.timeout(), Duration::from_secs(5));
@@ -101,7 +103,8 @@ impl RetryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use inbox_core::RetryPolicy;
+    /// # use inbox_core as inbox;
+    /// use inbox::RetryPolicy;
     ///
     /// let policy = RetryPolicy::new(2).backoff(Duration::from_secs(1), Duration::from_secs(5)).jitter(0.0);
     /// assert_eq!(policy.backoff_after(9), Duration::from_secs(5));

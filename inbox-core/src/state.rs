@@ -14,7 +14,8 @@ pub struct State<T>(pub T);
 /// `S`; implement it to hand out one part of a larger state.
 ///
 /// ```
-/// use inbox_core::FromRef;
+/// # use inbox_core as inbox;
+/// use inbox::FromRef;
 ///
 /// #[derive(Clone)]
 /// struct Config { currency: String }

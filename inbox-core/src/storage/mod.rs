@@ -94,8 +94,8 @@ pub trait Backend:
     fn schema_sql() -> &'static str;
 
     /// Deletes the PostgreSQL queue row a delivery was claimed from, in the guarded transaction
-    /// on `connection` (see [`crate::queue`]); nothing (the default) where the database holds no
-    /// queue: the delivery's acknowledgement deletes the row.
+    /// on `connection` (see [the queue](crate::queue)); nothing (the default) where the database
+    /// holds no queue: the delivery's acknowledgement deletes the row.
     fn dequeue(
         connection: &mut Self::Connection,
         receipt: &QueueReceipt,

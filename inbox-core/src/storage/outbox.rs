@@ -42,7 +42,8 @@ impl OutboxStatus {
     /// The status a column value names, if it names one.
     ///
     /// ```
-    /// use inbox_core::outbox::OutboxStatus;
+    /// # use inbox_core as inbox;
+    /// use inbox::outbox::OutboxStatus;
     /// assert_eq!(OutboxStatus::parse("failed"), Some(OutboxStatus::Failed));
     /// assert_eq!(OutboxStatus::parse("lost"), None);
     /// ```
