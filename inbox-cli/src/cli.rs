@@ -168,7 +168,7 @@ pub struct MessageArgs {
     pub message_id: String,
 }
 
-/// The operator deciding what happens to a dead message.
+/// The operator deciding what happens to a dead message, a gap or a rejected delivery.
 #[derive(Debug, Args)]
 pub struct Operator {
     /// Who decides, recorded with the message.
@@ -223,6 +223,12 @@ pub enum GapCommand {
         handler: String,
         /// The aggregate whose gap is skipped.
         aggregate: String,
+        /// Who does it.
+        #[command(flatten)]
+        operator: Operator,
+        /// Why the missing messages will never come (kept with who skipped the gap, and when).
+        #[arg(long)]
+        reason: String,
         /// Whether to ask first.
         #[command(flatten)]
         confirm: Confirm,

@@ -328,11 +328,18 @@ macro_rules! cli_suite {
             assert_eq!((&parked[0]["aggregate_id"], &parked[0]["sequence_number"]), (&json!("a-1"), &json!(3)));
             assert_eq!(parked[0]["consumer"], json!("default"), "{parked}");
 
-            cli(&url, &["gap", "skip", "apply_step", "a-2", "--yes"]).failed(4, &["a-2", "no gap"]);
+            cli(&url, &["gap", "skip", "apply_step", "a-2", "--reason", "lost", "--yes"]).failed(4, &["a-2", "no gap"]);
             let stream: Option<i64> = sqlx::query_scalar(crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'a-2'"))
                 .fetch_optional(&pool).await.unwrap();
             assert_eq!(stream, None, "a refused skip creates no stream");
-            cli_with_input(&url, &["gap", "skip", "apply_step", "a-1"], "y\n").ok();
+            let unexplained = cli(&url, &["gap", "skip", "apply_step", "a-1", "--yes"]);
+            assert_eq!(unexplained.code, Some(2), "a skip needs a reason: {unexplained:#?}");
+            let skipped = cli_with_input(&url, &["gap", "skip", "apply_step", "a-1", "--reason", "v2 lost upstream", "--json"], "y\n").ok().json();
+            assert_eq!((&skipped["by"], &skipped["reason"]), (&json!("tester"), &json!("v2 lost upstream")), "{skipped}");
+            let action: (String, String, String, String, Option<String>) = sqlx::query_as(crate::common::sql::<$db>(
+                "SELECT consumer, aggregate_id, action, performed_by || ': ' || reason, message_id FROM inbox_actions"))
+                .fetch_one(&pool).await.expect("the skip is recorded");
+            assert_eq!(action, ("default".into(), "a-1".into(), "skip_gap".into(), "tester: v2 lost upstream".into(), None));
 
             assert!(recorded(&pool).await.is_empty(), "the CLI does not run handlers");
             assert_eq!(inbox.resume().await.unwrap(), 2);
@@ -704,7 +711,9 @@ fn the_schema_is_printed_without_a_database() {
         let stdout = String::from_utf8_lossy(&run.stdout);
         assert!(run.status.success(), "{run:?}");
         assert!(
-            stdout.contains("CREATE TABLE IF NOT EXISTS inbox_messages") && stdout.contains(ddl),
+            stdout.contains("CREATE TABLE IF NOT EXISTS inbox_messages")
+                && stdout.contains("CREATE TABLE IF NOT EXISTS inbox_actions")
+                && stdout.contains(ddl),
             "{stdout}"
         );
     }

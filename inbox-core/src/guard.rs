@@ -802,10 +802,7 @@ pub async fn skip_gap<DB: Backend, H: Handler<DB>>(
 /// message (never backwards). The runtime that owns the handler releases them on its next sweep;
 /// this is how an operator skips a gap from outside the consumer's process.
 pub async fn open_gap<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<(), Error> {
-    let mut tx = DB::begin(pool).await?;
-    let last = streams::lock(&mut tx, stream).await?;
-    streams::skip_gap(&mut tx, stream, last).await?;
-    tx.commit().await?;
+    operators::open_gap(pool, stream, None).await?;
     tracing::warn!(
         handler = stream.handler,
         aggregate = stream.aggregate,

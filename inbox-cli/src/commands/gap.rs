@@ -1,5 +1,6 @@
 //! `inbox gap skip`: skip a strict-ordering gap whose predecessor is known to be lost.
 
+use inbox_core::storage::operators::{self, Operator};
 use inbox_core::{Backend, DeadLetterFilter, DeadReason, StoredMessage, Stream};
 use sqlx::Pool;
 
@@ -18,6 +19,8 @@ pub async fn run<DB: Backend>(
     let GapCommand::Skip {
         handler,
         aggregate,
+        operator,
+        reason,
         confirm,
     } = args.command;
     let consumer = consumer_waiting(pool, args.consumer.consumer, &handler, &aggregate).await?;
@@ -31,11 +34,17 @@ pub async fn run<DB: Backend>(
          `{consumer}`)? Its missing messages will be skipped as stale if they ever arrive."
     );
     prompt::confirm(&question, &confirm).await?;
-    inbox_core::open_gap(pool, &stream).await?;
+    let by = Operator {
+        by: &operator.by,
+        reason: &reason,
+    };
+    operators::open_gap(pool, &stream, Some(by)).await?;
     out.emit(&GapSkipped {
         consumer: consumer.clone(),
         handler: handler.clone(),
         aggregate: aggregate.clone(),
+        by: operator.by,
+        reason,
     })
 }
 
@@ -76,7 +85,7 @@ async fn waiting<DB: Backend>(pool: &Pool<DB>, stream: &Stream<'_>) -> Result<bo
         return Ok(true);
     }
     let filter = DeadLetterFilter::default().handler(stream.handler);
-    let dead = inbox_core::storage::operators::dead_letters(pool, stream.consumer, &filter).await?;
+    let dead = operators::dead_letters(pool, stream.consumer, &filter).await?;
     let behind_gap = |message: &StoredMessage| {
         message.aggregate_id.as_deref() == Some(stream.aggregate)
             && message.dead_reason == Some(DeadReason::GapTimeout)

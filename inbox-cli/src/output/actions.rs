@@ -92,14 +92,18 @@ pub struct GapSkipped {
     pub handler: String,
     /// The aggregate.
     pub aggregate: String,
+    /// Who skipped it.
+    pub by: String,
+    /// Why.
+    pub reason: String,
 }
 
 impl Render for GapSkipped {
     fn human(&self) -> String {
         format!(
-            "Skipped the gap of aggregate `{}` for handler `{}` (consumer `{}`): the running \
-             consumer releases its parked messages on its next sweep.",
-            self.aggregate, self.handler, self.consumer
+            "Skipped the gap of aggregate `{}` for handler `{}` (consumer `{}`) by {}: the \
+             running consumer releases its parked messages on its next sweep.",
+            self.aggregate, self.handler, self.consumer, self.by
         )
     }
 }

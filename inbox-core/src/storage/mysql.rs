@@ -225,14 +225,17 @@ const SQL: Statements = Statements {
             ORDER BY published_at_ms LIMIT ?",
     },
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason, o.status, os.last_sequence \
-        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os \
-        WHERE 1 = 0",
+        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome \
+        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
+        inbox_actions a WHERE 1 = 0",
 };
 
 /// MySQL's statements on what is kept for operators.
 pub(super) const RECORDS: RecordSql = RecordSql {
     next_consumer: "SELECT MIN(consumer) FROM inbox_messages WHERE consumer > ?",
+    record_action: "INSERT INTO inbox_actions (consumer, handler, message_id, aggregate_id, rejected_id, \
+        action, performed_by, reason, outcome, outcome_at) \
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? THEN CURRENT_TIMESTAMP(6) END)",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::MySqlConnection`.
@@ -262,6 +265,7 @@ impl Backend for MySql {
         concat!(
             include_str!("../../migrations/mysql/0001_inbox.sql"),
             include_str!("../../migrations/mysql/0002_outbox.sql"),
+            include_str!("../../migrations/mysql/0003_actions.sql"),
         )
     }
 }

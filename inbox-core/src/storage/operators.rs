@@ -1,5 +1,5 @@
 //! What operators list, show and resolve: dead letters, rejected deliveries, messages by status,
-//! counts by status, and the retries due.
+//! counts by status, the retries due, and the history of what operators did.
 
 use std::time::Duration;
 
@@ -11,9 +11,10 @@ use super::postgres;
 use super::sql::{self, Columns, FromColumns, Param, named};
 #[cfg(feature = "sqlite")]
 use super::sqlite;
-use super::{Backend, key_params};
+use super::{Backend, key_params, streams};
 use crate::envelope::Envelope;
-use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution};
+use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution, Stream};
+use crate::text::storable_text;
 
 /// The statements on what the inbox keeps for operators beyond [`super::Statements`], per
 /// database: the consumers there are, operators' actions, and conflicting deliveries. Each
@@ -22,6 +23,8 @@ use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution};
 pub struct RecordSql {
     /// The smallest consumer greater than a given one; `NULL` after the last ([`consumers`]).
     pub next_consumer: &'static str,
+    /// Records an operator's action ([`record_action`]).
+    pub record_action: &'static str,
 }
 
 /// The [`RecordSql`] of `DB`.
@@ -33,6 +36,151 @@ pub(crate) fn record_sql<DB: Backend>() -> &'static RecordSql {
         <sqlx::Sqlite as sqlx::Database>::NAME => &sqlite::RECORDS,
         _ => &postgres::RECORDS,
     }
+}
+
+/// What an operator can do to what the inbox keeps, as recorded in `inbox_actions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    /// Handle a dead (or failed) message again.
+    Replay,
+    /// Never handle a dead (or failed) message.
+    Discard,
+    /// Skip the gap in front of a stream's parked messages.
+    SkipGap,
+    /// Dispatch a rejected delivery again.
+    ReplayRejected,
+    /// Never dispatch a rejected delivery.
+    DiscardRejected,
+}
+
+impl ActionKind {
+    const ALL: [ActionKind; 5] = [
+        ActionKind::Replay,
+        ActionKind::Discard,
+        ActionKind::SkipGap,
+        ActionKind::ReplayRejected,
+        ActionKind::DiscardRejected,
+    ];
+
+    /// The value stored in the column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Replay => "replay",
+            ActionKind::Discard => "discard",
+            ActionKind::SkipGap => "skip_gap",
+            ActionKind::ReplayRejected => "replay_rejected",
+            ActionKind::DiscardRejected => "discard_rejected",
+        }
+    }
+
+    /// The action a column value names, if it names one.
+    pub fn parse(value: &str) -> Option<ActionKind> {
+        ActionKind::ALL
+            .into_iter()
+            .find(|action| action.as_str() == value)
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an operator acted on.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    /// A dedup row.
+    Message(MessageKey<'a>),
+    /// The gap in front of a stream's parked messages.
+    Gap(Stream<'a>),
+    /// A rejected delivery of a consumer, by its number.
+    Rejected {
+        /// The consumer group.
+        consumer: &'a str,
+        /// The delivery's number.
+        id: i64,
+    },
+}
+
+impl<'a> Subject<'a> {
+    /// `consumer, handler, message_id, aggregate_id, rejected_id`, in the order of their
+    /// placeholders.
+    fn params(&self) -> [Param<'a>; 5] {
+        match *self {
+            Subject::Message(key) => [
+                Param::Text(key.consumer),
+                Param::Text(key.handler),
+                Param::Text(key.message_id),
+                Param::MaybeText(None),
+                Param::MaybeInt(None),
+            ],
+            Subject::Gap(stream) => [
+                Param::Text(stream.consumer),
+                Param::Text(stream.handler),
+                Param::MaybeText(None),
+                Param::Text(stream.aggregate),
+                Param::MaybeInt(None),
+            ],
+            Subject::Rejected { consumer, id } => [
+                Param::Text(consumer),
+                Param::MaybeText(None),
+                Param::MaybeText(None),
+                Param::MaybeText(None),
+                Param::MaybeInt(Some(id)),
+            ],
+        }
+    }
+}
+
+/// Who did an action, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Operator<'a> {
+    /// Who.
+    pub by: &'a str,
+    /// Why.
+    pub reason: &'a str,
+}
+
+/// Records, on `conn` (in the transaction that does it, if any), that an operator did `action`
+/// to `subject`, with its `outcome` if it is known already.
+pub(crate) async fn record_action<DB: Backend>(
+    conn: &mut DB::Connection,
+    subject: &Subject<'_>,
+    action: ActionKind,
+    operator: Operator<'_>,
+    outcome: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let (by, reason) = (storable_text(operator.by), storable_text(operator.reason));
+    let outcome = outcome.map(storable_text);
+    let recorded = [
+        Param::Text(action.as_str()),
+        Param::Text(&by),
+        Param::Text(&reason),
+        Param::MaybeText(outcome.as_deref()),
+        Param::Flag(outcome.is_some()),
+    ];
+    let params: Vec<Param<'_>> = subject.params().into_iter().chain(recorded).collect();
+    sql::execute::<DB>(conn, record_sql::<DB>().record_action, &params).await?;
+    Ok(())
+}
+
+/// Skips the gap in front of a stream's parked messages, in one transaction under the stream's
+/// lock: messages a gap timeout marked dead are parked again, and the stream moves to just before
+/// the lowest parked message (never backwards). With an `operator`, records who did it and why.
+pub async fn open_gap<DB: Backend>(
+    pool: &Pool<DB>,
+    stream: &Stream<'_>,
+    operator: Option<Operator<'_>>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = DB::begin(pool).await?;
+    let last = streams::lock(&mut tx, stream).await?;
+    streams::skip_gap(&mut tx, stream, last).await?;
+    if let Some(operator) = operator {
+        let subject = Subject::Gap(*stream);
+        record_action::<DB>(&mut tx, &subject, ActionKind::SkipGap, operator, None).await?;
+    }
+    tx.commit().await
 }
 
 /// Which dead messages to list; every field narrows the list.

@@ -334,14 +334,17 @@ pub(super) const SQL: Statements = Statements {
             WHERE status = 'published' AND published_at_ms < $1 ORDER BY published_at_ms LIMIT $2)",
     },
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason, o.status, os.last_sequence \
-        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os \
-        WHERE 1 = 0",
+        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome \
+        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
+        inbox_actions a WHERE 1 = 0",
 };
 
 /// PostgreSQL's statements on what is kept for operators.
 pub(super) const RECORDS: RecordSql = RecordSql {
     next_consumer: "SELECT MIN(consumer) FROM inbox_messages WHERE consumer > $1",
+    record_action: "INSERT INTO inbox_actions (consumer, handler, message_id, aggregate_id, rejected_id, \
+        action, performed_by, reason, outcome, outcome_at) \
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN CURRENT_TIMESTAMP END)",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::PgConnection`.
@@ -401,6 +404,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0005_retries.sql"),
             include_str!("../../migrations/postgres/0006_outbox.sql"),
             include_str!("../../migrations/postgres/0007_queue.sql"),
+            include_str!("../../migrations/postgres/0008_actions.sql"),
         )
     }
 }

@@ -155,6 +155,7 @@ impl Backend for Sqlite {
             include_str!("../../migrations/sqlite/0004_operations.sql"),
             include_str!("../../migrations/sqlite/0005_retries.sql"),
             include_str!("../../migrations/sqlite/0006_outbox.sql"),
+            include_str!("../../migrations/sqlite/0007_actions.sql"),
         )
     }
 }
