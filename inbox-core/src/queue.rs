@@ -1,13 +1,14 @@
 //! The PostgreSQL queue: a table of the inbox schema (`inbox_queue`) that carries messages
-//! between services sharing one PostgreSQL database, with no broker between them.
+//! between services sharing one PostgreSQL database, with no broker between them. Its functions
+//! need the `postgres` feature.
 //!
-//! - [`enqueue`] writes a message in the caller's transaction: it is queued exactly when the
+//! - `enqueue` writes a message in the caller's transaction: it is queued exactly when the
 //!   transaction's other writes commit.
-//! - [`claim`] takes the oldest visible rows of a queue for a while (the visibility timeout):
+//! - `claim` takes the oldest visible rows of a queue for a while (the visibility timeout):
 //!   `FOR UPDATE SKIP LOCKED`, so consumers in many processes never take the same row, and only a
 //!   row with no older row of its aggregate left, so an aggregate's messages are handled one at a
 //!   time, in the order they were enqueued.
-//! - Settling deletes the row ([`ack`]); [`show_again`] makes it visible again later (a nack, or
+//! - Settling deletes the row (`ack`); `show_again` makes it visible again later (a nack, or
 //!   a claim kept for longer). A claim not settled in time lapses, and the row is claimed again.
 //! - A claimed message's envelope carries its [`QueueReceipt`]: when the inbox lives in the same
 //!   database, the guard deletes the row in its own transaction, so a message whose handling
@@ -93,7 +94,7 @@ impl QueueReceipt {
     }
 }
 
-/// A row taken by [`claim`].
+/// A row taken by `claim`.
 #[derive(Debug)]
 pub struct Claimed {
     /// The message, carrying its [`QueueReceipt`] (see [`Envelope::queue_receipt`]).

@@ -45,8 +45,8 @@ pub use sqlite::sqlite_options;
 /// A database the inbox can guard messages in: its statements and the few things that are not
 /// statements (how a guarded transaction begins, what a write reports, where its migrations are).
 ///
-/// Implemented for [`sqlx::Postgres`], [`sqlx::Sqlite`] and, with the `mysql` feature,
-/// [`sqlx::MySql`] (MySQL 8, MariaDB 10.11).
+/// Implemented for `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite` (feature `sqlite`) and
+/// `sqlx::MySql` (feature `mysql`: MySQL 8, MariaDB 10.11).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a database the inbox supports",
     note = "the inbox runs on `sqlx::Postgres`, `sqlx::Sqlite` and, with the `mysql` feature, `sqlx::MySql`"
