@@ -92,11 +92,13 @@
 //!
 //! // The in-memory broker delivers at least once, as a real one does: the payment for o-1
 //! // comes twice. The payment for o-9 names an order that does not exist.
-//! let paid = |order: &str| OrderPaid { event_id: Uuid::new_v4(), order_id: order.into(), sequence: 1, amount: 30 };
+//! let paid = |order: &str| OrderPaid {
+//!     event_id: Uuid::new_v4(), order_id: order.into(), sequence: 1, amount: 30,
+//! };
 //! let (first, unknown) = (paid("o-1"), paid("o-9"));
 //! let broker = MemoryBroker::new();
 //! broker.publish(Envelope::encode("delivery-1", &first)?);
-//! broker.publish(Envelope::encode("delivery-2", &first)?);   // redelivered
+//! broker.publish(Envelope::encode("delivery-2", &first)?);   // the same event_id: a duplicate
 //! broker.publish(Envelope::encode("delivery-3", &unknown)?);
 //! broker.close();                                      // its source ends once all is settled
 //!
@@ -114,6 +116,8 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A service runs until it is told to stop:
+//! `inbox.run_until(source, async { tokio::signal::ctrl_c().await.ok(); }).await?`.
 //! [`MemoryBroker`] is in-process, for tests and examples. The brokers are modules behind cargo
 //! features, each a source (and a sink for the outbox) built from its client's own types:
 //! `inbox::nats` (NATS JetStream, feature `nats`), `inbox::amqp` (RabbitMQ, `amqp`),
@@ -146,6 +150,12 @@
 //! | `crate = "path"` | where generated code finds this crate, for re-exporting crates |
 //!
 //! ## Strict ordering
+//!
+//! Monotonic ordering, the default, skips a late event as stale: right for a status or a
+//! snapshot, where only the newest event counts, and wrong for a ledger, which would lose the
+//! late payment. Strict ordering parks an event that comes ahead of its predecessor and applies
+//! it once the gap fills. `cargo run --example quickstart` delivers the same shuffled,
+//! re-sent payments under both and prints what each made of them, and why.
 //!
 //! ```
 //! use inbox::prelude::*;
