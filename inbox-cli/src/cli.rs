@@ -65,6 +65,9 @@ pub enum DatabaseCommand {
     Migrate,
     /// Counts by status per consumer and handler, rejected deliveries, and storage size.
     Status,
+    /// Everything stored about one message, whatever its status: its payload and headers,
+    /// errors, and what operators did about it.
+    Show(ShowArgs),
     /// Dead letters: messages given up on after their last attempt or a permanent error.
     Dead(DeadArgs),
     /// Messages parked by strict ordering, waiting for a predecessor.
@@ -100,6 +103,17 @@ pub struct ConsumerArg {
     /// one message or stream acts on the only consumer that has it.
     #[arg(long, env = "INBOX_CONSUMER", global = true)]
     pub consumer: Option<String>,
+}
+
+/// `inbox show ...`
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The consumer group.
+    #[command(flatten)]
+    pub consumer: ConsumerArg,
+    /// The message named.
+    #[command(flatten)]
+    pub message: MessageArgs,
 }
 
 /// `inbox dead ...`

@@ -142,7 +142,8 @@ macro_rules! cli_suite {
             sqlx::query(crate::common::sql::<$db>("INSERT INTO broken (id) VALUES ('o-1')")).execute(&pool).await.unwrap();
             let inbox = Inbox::builder(pool.clone()).handler(record_order).build().await.unwrap();
             let order = Order { id: "o-1".into() };
-            let error = inbox.dispatch(&Envelope::encode("delivery-o-1", &order).unwrap()).await.unwrap_err();
+            let envelope = Envelope::encode("delivery-o-1", &order).unwrap().with_header("correlation-id", "corr-o-1");
+            let error = inbox.dispatch(&envelope).await.unwrap_err();
             assert!(error.to_string().contains("broken"), "{error}");
             assert_eq!(row(&pool, "o-1").await.0, "dead");
             Some((pool, url, inbox))
@@ -204,6 +205,9 @@ macro_rules! cli_suite {
             let shown = cli(&url, &["dead", "show", "record_order", "o-1"]).ok().stdout;
             assert!(shown.contains("the `broken` table has a row"), "{shown}");
             assert!(shown.contains(r#""id":"o-1""#), "the payload, as text: {shown}");
+            assert!(shown.contains("correlation-id:") && shown.contains("corr-o-1"), "the headers: {shown}");
+            let detail = cli(&url, &["show", "record_order", "o-1", "--json"]).ok().json();
+            assert_eq!((&detail["status"], &detail["headers"]), (&json!("dead"), &json!({"correlation-id": "corr-o-1"})), "{detail}");
 
             sqlx::query(crate::common::sql::<$db>("DELETE FROM broken")).execute(&pool).await.unwrap();
             let replayed = cli(&url, &["dead", "replay", "record_order", "o-1", "--reason", "fixed"]).ok();

@@ -31,11 +31,7 @@ pub async fn run<DB: Backend>(
             let (dead, searched) = consumer::gather(pool, named, dead_letters).await?;
             out.emit(&MessageList::new(ListKind::Dead, searched, dead))
         }
-        DeadCommand::Show(message) => {
-            let consumer = consumer_of(pool, named, &message).await?;
-            let stored = stored(pool, &key(&consumer, &message)).await?;
-            out.emit(&MessageDetail::new(&consumer, stored))
-        }
+        DeadCommand::Show(message) => show(pool, named, &message, out).await,
         DeadCommand::Replay {
             message,
             operator,
@@ -55,6 +51,18 @@ pub async fn run<DB: Backend>(
             discard(pool, &key, (&operator, &reason), &confirm, out).await
         }
     }
+}
+
+/// Shows everything stored about the message named, whatever its status.
+pub async fn show<DB: Backend>(
+    pool: &Pool<DB>,
+    named: Option<String>,
+    message: &MessageArgs,
+    out: &Output,
+) -> Result<(), CliError> {
+    let consumer = consumer_of(pool, named, message).await?;
+    let stored = stored(pool, &key(&consumer, message)).await?;
+    out.emit(&MessageDetail::new(&consumer, stored))
 }
 
 /// The consumer of the message named: the one `--consumer` names, or the only one that stores

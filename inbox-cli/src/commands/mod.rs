@@ -57,6 +57,9 @@ async fn dispatch<DB: Backend>(
     match command {
         DatabaseCommand::Migrate => schema::migrate(pool, out).await,
         DatabaseCommand::Status => status::show(pool, out).await,
+        DatabaseCommand::Show(args) => {
+            dead::show(pool, args.consumer.consumer, &args.message, out).await
+        }
         DatabaseCommand::Dead(args) => dead::run(pool, args, out).await,
         DatabaseCommand::Parked(args) => parked::run(pool, args, out).await,
         DatabaseCommand::Gap(args) => gap::run(pool, args, out).await,

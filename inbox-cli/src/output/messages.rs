@@ -154,6 +154,9 @@ pub struct MessageDetail {
     first_error: Option<String>,
     /// The payload as UTF-8 text (invalid bytes replaced), while it is kept.
     payload: Option<String>,
+    /// The delivery's headers (correlation id, trace context, ...), kept with the payload: a JSON
+    /// object, or the stored text if it is not one.
+    headers: Option<serde_json::Value>,
     resolution: Option<String>,
     resolved_by: Option<String>,
     resolved_reason: Option<String>,
@@ -163,7 +166,11 @@ impl MessageDetail {
     /// `message` of `consumer`.
     pub fn new(consumer: &str, mut message: StoredMessage) -> Self {
         let payload = message.payload.take();
+        let headers = message.headers.take().map(|headers| {
+            serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers))
+        });
         Self {
+            headers,
             payload: payload.map(|payload| String::from_utf8_lossy(&payload).into_owned()),
             first_error: message.first_error.take(),
             resolution: message.resolution.take(),
@@ -171,6 +178,28 @@ impl MessageDetail {
             resolved_reason: message.resolved_reason.take(),
             summary: MessageSummary::new(consumer.to_owned(), message),
         }
+    }
+}
+
+impl MessageDetail {
+    /// The headers, one `name: value` a line (values that are not text as JSON).
+    fn headers_text(&self) -> String {
+        let Some(headers) = &self.headers else {
+            return "(not kept)".to_owned();
+        };
+        let Some(headers) = headers.as_object() else {
+            return headers.to_string();
+        };
+        if headers.is_empty() {
+            return "(none)".to_owned();
+        }
+        let rows = headers.iter().map(|(name, value)| {
+            let value = value
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_owned);
+            vec![format!("{name}:"), value]
+        });
+        table(&[], rows)
     }
 }
 
@@ -198,6 +227,10 @@ impl Render for MessageDetail {
             .into_iter()
             .map(|(name, value)| vec![format!("{name}:"), cell(value)]);
         let payload = self.payload.as_deref().unwrap_or("(not kept)");
-        format!("{}\n\npayload:\n{payload}", table(&[], rows))
+        format!(
+            "{}\n\nheaders:\n{}\n\npayload:\n{payload}",
+            table(&[], rows),
+            self.headers_text()
+        )
     }
 }

@@ -311,6 +311,9 @@ pub struct StoredMessage {
     pub received_at: String,
     /// When its last attempt failed, in RFC 3339, UTC, if one did.
     pub failed_at: Option<String>,
+    /// The headers of the delivery it came in (correlation id, trace context, ...), as a JSON
+    /// object, kept with the payload while it is parked, failed, dead or discarded.
+    pub headers: Option<String>,
 }
 
 /// The dedup rows of one handler of one consumer, by status.
@@ -372,6 +375,7 @@ impl FromColumns for StoredMessage {
             dead_reason,
             received_at: row.text(14)?,
             failed_at: row.maybe_text(15)?,
+            headers: row.maybe_text(16)?,
         })
     }
 }

@@ -46,7 +46,7 @@ macro_rules! select_stored {
              first_error, error_text, attempt_count, payload, resolution, resolved_by, \
              resolved_reason, dead_reason, ",
             $times,
-            " FROM inbox_messages "
+            ", headers FROM inbox_messages "
         )
     };
 }
