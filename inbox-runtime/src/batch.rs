@@ -15,7 +15,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// let batch = inbox_runtime::Batch::new(100).linger(Duration::from_millis(5));
+/// let batch = inbox::Batch::new(100).linger(Duration::from_millis(5));
 /// assert_eq!(batch.size(), 100);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

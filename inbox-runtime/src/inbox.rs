@@ -210,7 +210,7 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Retries, from the store, the failed messages whose retry is due: the dead messages whose
     /// replay an operator requested from outside this process (`inbox dead replay`,
-    /// [`inbox_core::request_replay`]), and every failure whose backoff has passed, whether or not
+    /// [`request_replay`](inbox_core::request_replay)), and every failure whose backoff has passed, whether or not
     /// the broker redelivers it. [`Inbox::run`] does this on every sweep. Returns how many were
     /// processed.
     pub async fn replay_requested(&self) -> Result<u32, Error> {
@@ -218,7 +218,7 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     /// Purges the processed and stale rows older than the configured retention window, unless
-    /// another instance is purging (see [`inbox_core::purge`]). [`Inbox::run`] does this every
+    /// another instance is purging (see [`purge`](inbox_core::purge)). [`Inbox::run`] does this every
     /// [`Retention::interval`]. Without a configured retention, purges nothing.
     pub async fn purge(&self) -> Result<PurgeReport, Error> {
         match &self.shared.retention {

@@ -36,18 +36,17 @@ pub type Route = Arc<dyn Fn(&OutboxMessage) -> String + Send + Sync>;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), inbox_core::Error> {
-/// use inbox_core::outbox;
-/// use inbox_runtime::{MemoryBroker, relay::Relay};
+/// # async fn main() -> Result<(), inbox::Error> {
+/// use inbox::{MemoryBroker, outbox};
 ///
 /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-/// inbox_core::migrate(&pool).await?;
+/// inbox::migrate(&pool).await?;
 /// let mut tx = pool.begin().await?;
 /// outbox::publish(&mut *tx, outbox::Outgoing::new("order.placed", b"{}".to_vec())).await?;
 /// tx.commit().await?;
 ///
 /// let broker = MemoryBroker::new();
-/// let relay = Relay::new(pool, broker.clone());
+/// let relay = outbox::Relay::new(pool, broker.clone());
 /// assert_eq!(relay.publish_batch().await?.published, 1);
 /// assert_eq!(broker.queued(), 1);
 /// # Ok(()) }
@@ -112,7 +111,7 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
     ///
     /// ```
     /// # async fn demo(pool: sqlx::SqlitePool) {
-    /// use inbox_runtime::{MemoryBroker, relay::Relay};
+    /// use inbox::{MemoryBroker, outbox::Relay};
     ///
     /// let relay = Relay::new(pool, MemoryBroker::new())
     ///     .route(|message| format!("events.{}", message.message_type));

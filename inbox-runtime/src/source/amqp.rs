@@ -49,8 +49,8 @@ pub use lapin;
 /// A RabbitMQ queue, consumed with manual acks on a channel of its own.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
-/// use inbox_runtime::amqp::{AmqpSource, lapin};
+/// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use inbox::amqp::{AmqpSource, lapin};
 ///
 /// let properties = lapin::ConnectionProperties::default().enable_auto_recover();
 /// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", properties).await?;

@@ -63,8 +63,8 @@ type StreamConsumer = rdkafka::consumer::StreamConsumer<Rebalancing>;
 /// One consumer of a consumer group on Kafka topics.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
-/// use inbox_runtime::kafka::{KafkaSource, rdkafka::ClientConfig};
+/// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use inbox::kafka::{KafkaSource, rdkafka::ClientConfig};
 ///
 /// let mut config = ClientConfig::new();
 /// config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "billing");

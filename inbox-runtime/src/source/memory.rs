@@ -47,8 +47,7 @@ impl Shared {
 ///
 /// ```
 /// # use std::time::Duration;
-/// # use inbox_runtime::{MemoryBroker, Source};
-/// # use inbox_core::Envelope;
+/// # use inbox::{Envelope, MemoryBroker, Source};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let broker = MemoryBroker::new();

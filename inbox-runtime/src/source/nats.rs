@@ -56,10 +56,12 @@ const NATS_MSG_ID: &str = "Nats-Msg-Id";
 /// A durable JetStream pull consumer, consumed by an [`Inbox`](crate::Inbox).
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
+/// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use inbox::nats::{JetStreamSource, async_nats};
+///
 /// let client = async_nats::connect("127.0.0.1:4222").await?;
 /// let context = async_nats::jetstream::new(client);
-/// let source = inbox_runtime::nats::JetStreamSource::builder(&context, "ORDERS", "billing")
+/// let source = JetStreamSource::builder(&context, "ORDERS", "billing")
 ///     .ack_wait(std::time::Duration::from_secs(30))
 ///     .build()
 ///     .await?;

@@ -1,6 +1,6 @@
 //! The PostgreSQL queue (feature `postgres-queue`): a table of the inbox schema as the transport
-//! between services that share a database, with no broker ([`inbox_core::queue`] has its
-//! statements).
+//! between services that share a database, with no broker (its statements are in [the core
+//! crate's queue module](inbox_core::queue)).
 //!
 //! - **Publish**: [`enqueue`] in any transaction, next to the application's own writes (or
 //!   [`PgQueuePublisher`], the outbox relay's [`Sink`]).
@@ -52,8 +52,8 @@ pub use inbox_core::queue::enqueue;
 /// One consumer of a PostgreSQL queue.
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), inbox_runtime::SourceError> {
-/// use inbox_runtime::postgres_queue::PgQueueSource;
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), inbox::SourceError> {
+/// use inbox::postgres_queue::PgQueueSource;
 ///
 /// let source = PgQueueSource::builder(&pool, "orders").build().await?;
 /// # Ok(()) }

@@ -46,8 +46,8 @@ pub const PAYLOAD_FIELD: &str = "payload";
 /// One consumer of a consumer group on a Redis stream.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), inbox_runtime::SourceError> {
-/// use inbox_runtime::redis::{RedisStreamSource, redis};
+/// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use inbox::redis::{RedisStreamSource, redis};
 ///
 /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
 /// let source = RedisStreamSource::builder(&client, "orders", "billing", "billing-1")
