@@ -70,6 +70,9 @@ pub enum DatabaseCommand {
     Show(ShowArgs),
     /// Dead letters: messages given up on after their last attempt or a permanent error.
     Dead(DeadArgs),
+    /// Rejected deliveries: ones that could not be handled at all (no handler for their type,
+    /// a payload that does not decode, an unusable id), kept with their exact bytes.
+    Rejected(RejectedArgs),
     /// Messages parked by strict ordering, waiting for a predecessor.
     Parked(ParkedArgs),
     /// Strict-ordering gaps that will not fill.
@@ -149,28 +152,44 @@ pub enum DeadCommand {
         /// The message named.
         #[command(flatten)]
         message: MessageArgs,
-        /// Who does it.
+        /// Who replays it, and why.
         #[command(flatten)]
-        operator: Operator,
-        /// Why it is replayed.
-        #[arg(long, default_value = "replayed with the inbox CLI")]
-        reason: String,
+        decision: ReplayDecision,
     },
     /// Give up on a dead message for good (it is kept, with who and why, but never handled).
     Discard {
         /// The message named.
         #[command(flatten)]
         message: MessageArgs,
-        /// Who does it.
+        /// Who discards it, and why.
         #[command(flatten)]
-        operator: Operator,
-        /// Why it is discarded.
-        #[arg(long)]
-        reason: String,
-        /// Whether to ask first.
-        #[command(flatten)]
-        confirm: Confirm,
+        decision: DiscardDecision,
     },
+}
+
+/// Who replays something, and why.
+#[derive(Debug, Args)]
+pub struct ReplayDecision {
+    /// Who does it.
+    #[command(flatten)]
+    pub operator: Operator,
+    /// Why it is replayed.
+    #[arg(long, default_value = "replayed with the inbox CLI")]
+    pub reason: String,
+}
+
+/// Who gives something up for good, and why, once asked.
+#[derive(Debug, Args)]
+pub struct DiscardDecision {
+    /// Who does it.
+    #[command(flatten)]
+    pub operator: Operator,
+    /// Why it is discarded.
+    #[arg(long)]
+    pub reason: String,
+    /// Whether to ask first.
+    #[command(flatten)]
+    pub confirm: Confirm,
 }
 
 /// One stored message.
@@ -196,6 +215,56 @@ pub struct Confirm {
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
+}
+
+/// `inbox rejected ...`
+#[derive(Debug, Args)]
+pub struct RejectedArgs {
+    /// The consumer group.
+    #[command(flatten)]
+    pub consumer: ConsumerArg,
+    /// What to do with rejected deliveries.
+    #[command(subcommand)]
+    pub command: RejectedCommand,
+}
+
+/// The rejected-delivery commands.
+#[derive(Debug, Subcommand)]
+pub enum RejectedCommand {
+    /// List the rejected deliveries no operator has resolved: waiting, or whose replay was
+    /// requested.
+    List,
+    /// Show everything kept about one rejected delivery: its payload, headers and reason, and
+    /// what operators did about it.
+    Show(RejectedId),
+    /// Ask the running consumer to dispatch a rejected delivery again, exactly as it came, on its
+    /// next sweep (once it has a handler for its type, say); refused again, it is back in the
+    /// list with the new reason.
+    Replay {
+        /// The delivery named.
+        #[command(flatten)]
+        delivery: RejectedId,
+        /// Who replays it, and why.
+        #[command(flatten)]
+        decision: ReplayDecision,
+    },
+    /// Give up on a rejected delivery for good (it is kept, with who and why, but never
+    /// dispatched).
+    Discard {
+        /// The delivery named.
+        #[command(flatten)]
+        delivery: RejectedId,
+        /// Who discards it, and why.
+        #[command(flatten)]
+        decision: DiscardDecision,
+    },
+}
+
+/// One rejected delivery.
+#[derive(Debug, Args)]
+pub struct RejectedId {
+    /// Its number, as `inbox rejected list` shows it.
+    pub id: i64,
 }
 
 /// `inbox parked ...`

@@ -129,6 +129,29 @@ pub enum CliError {
         aggregate: String,
     },
 
+    /// No rejected delivery has the number named (for the consumer named, if one was).
+    #[error(
+        "no rejected delivery has number {id}{}: see `inbox rejected list`",
+        .consumer.as_ref().map(|c| format!(" for consumer `{c}`")).unwrap_or_default()
+    )]
+    NoSuchRejected {
+        /// The number named.
+        id: i64,
+        /// The consumer named, if one was.
+        consumer: Option<String>,
+    },
+
+    /// The rejected delivery named is not in a state the command acts on.
+    #[error("rejected delivery {id} is {state}: {what}")]
+    RejectedNotWaiting {
+        /// The number named.
+        id: i64,
+        /// Where it stands.
+        state: inbox_core::storage::operators::RejectedState,
+        /// What cannot be done.
+        what: &'static str,
+    },
+
     /// `outbox retry` named a message that is not a failed outbox message.
     #[error(
         "no failed outbox message `{0}`: it does not exist, or it is pending or published; only \
@@ -180,6 +203,8 @@ impl CliError {
             Self::NoSuchMessage { .. }
             | Self::NotDead { .. }
             | Self::NoGap { .. }
+            | Self::NoSuchRejected { .. }
+            | Self::RejectedNotWaiting { .. }
             | Self::NoFailedOutboxMessage(_) => exit::NOT_FOUND,
             Self::Inbox(inbox_core::Error::NotDead { .. }) => exit::NOT_FOUND,
             Self::Aborted => exit::ABORTED,

@@ -6,6 +6,7 @@ mod actions;
 mod messages;
 mod outbox;
 mod purge;
+mod rejected;
 mod status;
 
 use std::io::Write;
@@ -20,6 +21,7 @@ pub use actions::{Action, GapSkipped, Migrated, Resolved, Schema};
 pub use messages::{ListKind, MessageDetail, MessageList};
 pub use outbox::{OutboxList, OutboxRetried};
 pub use purge::{PurgeDone, PurgePlan, Window};
+pub use rejected::{RejectedAction, RejectedDetail, RejectedList, RejectedResolved};
 pub use status::StatusView;
 
 /// A command's result, printable both ways.
@@ -90,6 +92,27 @@ fn shorten(text: &str) -> String {
 fn utc(epoch_ms: i64) -> String {
     let since_epoch = Duration::from_millis(u64::try_from(epoch_ms).unwrap_or(0));
     humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + since_epoch).to_string()
+}
+
+/// Stored headers, one `name: value` a line (values that are not text as JSON); `(not kept)`
+/// without any.
+fn headers_text(headers: Option<&serde_json::Value>) -> String {
+    let Some(headers) = headers else {
+        return "(not kept)".to_owned();
+    };
+    let Some(headers) = headers.as_object() else {
+        return headers.to_string();
+    };
+    if headers.is_empty() {
+        return "(none)".to_owned();
+    }
+    let rows = headers.iter().map(|(name, value)| {
+        let value = value
+            .as_str()
+            .map_or_else(|| value.to_string(), str::to_owned);
+        vec![format!("{name}:"), value]
+    });
+    table(&[], rows)
 }
 
 /// Seconds as a rounded human duration: `3h 12m 5s`.

@@ -298,6 +298,78 @@ macro_rules! cli_suite {
             assert_eq!(row(&pool, "o-1").await.0, "dead");
         }
 
+        /// `(state, reason)` of rejected delivery `id`, as `rejected show` prints it.
+        fn rejected_state(url: &str, id: i64) -> (String, String) {
+            let shown = cli(url, &["rejected", "show", &id.to_string(), "--json"]).ok().json();
+            (shown["state"].as_str().unwrap().to_owned(), shown["reason"].as_str().unwrap().to_owned())
+        }
+
+        /// The outcomes of rejected delivery `id`'s actions, in the order they were done.
+        async fn rejected_outcomes(pool: &Pool, id: i64) -> Vec<(String, Option<String>)> {
+            sqlx::query_as(crate::common::sql::<$db>("SELECT action, outcome FROM inbox_actions WHERE rejected_id = $1 ORDER BY id"))
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .expect("read the actions")
+        }
+
+        #[tokio::test]
+        async fn a_rejected_delivery_is_listed_shown_and_replayed_by_the_running_consumer() {
+            let Some((pool, url)) = database("cli_rejected").await else { return };
+            let order = Envelope::encode("delivery-r-1", &Order { id: "r-1".into() }).unwrap().with_header("correlation-id", "corr-r-1");
+            let first = inbox::storage::messages::reject(&pool, "shop", &order, "no handler is registered for message type `test.order`").await.unwrap();
+            let unknown = Envelope::new("test.unknown", "delivery-u-1", b"{}".to_vec());
+            let second = inbox::storage::messages::reject(&pool, "shop", &unknown, "no handler is registered for message type `test.unknown`").await.unwrap();
+
+            let listed = cli(&url, &["rejected", "list", "--json"]).ok().json();
+            assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+            assert_eq!((&listed[0]["id"], &listed[0]["consumer"], &listed[0]["state"], &listed[0]["message_type"]), (&json!(first), &json!("shop"), &json!("waiting"), &json!("test.order")));
+            assert!(crate::utc_time(listed[0]["received_at"].as_str().unwrap()), "{listed}");
+            let table = cli(&url, &["rejected", "list"]).ok().stdout;
+            assert!(table.contains("DELIVERY ID") && table.contains("delivery-u-1"), "{table}");
+            let shown = cli(&url, &["rejected", "show", &first.to_string()]).ok().stdout;
+            assert!(shown.contains("corr-r-1") && shown.contains(r#""id":"r-1""#), "headers and payload: {shown}");
+            cli(&url, &["rejected", "show", &first.to_string(), "--consumer", "billing"]).failed(4, &["billing", "inbox rejected list"]);
+            cli(&url, &["rejected", "show", "999999"]).failed(4, &["999999"]);
+
+            for id in [first, second] {
+                let requested = cli(&url, &["rejected", "replay", &id.to_string(), "--reason", "handler deployed", "--json"]).ok().json();
+                assert_eq!((&requested["action"], &requested["by"]), (&json!("replay_requested"), &json!("tester")), "{requested}");
+            }
+            assert_eq!(rejected_state(&url, first).0, "replay_requested");
+            cli(&url, &["rejected", "replay", &first.to_string()]).failed(4, &["replay_requested"]);
+            let status = cli(&url, &["status", "--json"]).ok().json();
+            assert_eq!(status["rejected"], json!([{"consumer": "shop", "deliveries": 2}]), "not handled yet: {status}");
+
+            // What the running consumer's sweep does (inbox-runtime calls this on every sweep).
+            let inbox = Inbox::builder(pool.clone()).consumer("shop").handler(record_order).build().await.unwrap();
+            let dispatch = async |envelope: &Envelope| inbox.dispatch(envelope).await.map(drop);
+            let replayed = inbox::storage::operators::replay_rejected_requests(&pool, "shop", dispatch).await.unwrap();
+
+            assert_eq!(replayed, 1);
+            assert_eq!(recorded(&pool).await, ["r-1"]);
+            assert_eq!(rejected_state(&url, first).0, "replayed");
+            assert_eq!(rejected_outcomes(&pool, first).await, [("replay_rejected".to_owned(), Some("replayed: handled".to_owned()))]);
+            let (state, reason) = rejected_state(&url, second);
+            assert_eq!((state.as_str(), reason.as_str()), ("waiting", "no handler is registered for message type `test.unknown`"), "refused again, back in the list");
+            let outcomes = rejected_outcomes(&pool, second).await;
+            assert!(outcomes[0].1.as_deref().is_some_and(|outcome| outcome.starts_with("rejected again: no handler")), "{outcomes:?}");
+            let listed = cli(&url, &["rejected", "list", "--json"]).ok().json();
+            assert_eq!((listed.as_array().map(Vec::len), &listed[0]["id"]), (Some(1), &json!(second)), "{listed}");
+
+            let discard = ["rejected", "discard", &second.to_string(), "--reason", "obsolete type"];
+            cli(&url, &discard).failed(5, &["aborted"]);
+            assert_eq!(rejected_state(&url, second).0, "waiting");
+            cli(&url, &[&discard[..], &["--yes"]].concat()).ok();
+
+            assert_eq!(rejected_state(&url, second).0, "discarded");
+            assert_eq!(rejected_outcomes(&pool, second).await.last().cloned(), Some(("discard_rejected".to_owned(), Some("discarded".to_owned()))));
+            cli(&url, &[&discard[..], &["--yes"]].concat()).failed(4, &["discarded", "resolved already"]);
+            assert_eq!(cli(&url, &["rejected", "list", "--json"]).ok().json(), json!([]));
+            let none = cli(&url, &["rejected", "list"]).ok().stdout;
+            assert!(none.starts_with("No rejected deliveries"), "{none}");
+        }
+
         #[tokio::test]
         async fn discarding_a_dead_message_needs_confirmation() {
             let Some((pool, url, _inbox)) = with_dead_order("cli_discard").await else { return };

@@ -6,7 +6,7 @@ use inbox_core::storage::operators;
 use inbox_core::{Backend, DeadLetterFilter, MessageKey, StoredMessage};
 use sqlx::Pool;
 
-use crate::cli::{Confirm, DeadArgs, DeadCommand, MessageArgs, Operator};
+use crate::cli::{DeadArgs, DeadCommand, DiscardDecision, MessageArgs, Operator};
 use crate::consumer::{self, Holder, Searched};
 use crate::error::CliError;
 use crate::output::{Action, ListKind, MessageDetail, MessageList, Output, Resolved};
@@ -32,23 +32,14 @@ pub async fn run<DB: Backend>(
             out.emit(&MessageList::new(ListKind::Dead, searched, dead))
         }
         DeadCommand::Show(message) => show(pool, named, &message, out).await,
-        DeadCommand::Replay {
-            message,
-            operator,
-            reason,
-        } => {
-            let consumer = consumer_of(pool, named, &message).await?;
-            replay(pool, &key(&consumer, &message), &operator, &reason, out).await
-        }
-        DeadCommand::Discard {
-            message,
-            operator,
-            reason,
-            confirm,
-        } => {
+        DeadCommand::Replay { message, decision } => {
             let consumer = consumer_of(pool, named, &message).await?;
             let key = key(&consumer, &message);
-            discard(pool, &key, (&operator, &reason), &confirm, out).await
+            replay(pool, &key, &decision.operator, &decision.reason, out).await
+        }
+        DeadCommand::Discard { message, decision } => {
+            let consumer = consumer_of(pool, named, &message).await?;
+            discard(pool, &key(&consumer, &message), &decision, out).await
         }
     }
 }
@@ -129,16 +120,16 @@ async fn replay<DB: Backend>(
 async fn discard<DB: Backend>(
     pool: &Pool<DB>,
     key: &MessageKey<'_>,
-    (operator, reason): (&Operator, &str),
-    confirm: &Confirm,
+    decision: &DiscardDecision,
     out: &Output,
 ) -> Result<(), CliError> {
+    let (operator, reason) = (&decision.operator, decision.reason.as_str());
     ensure_dead(pool, key).await?;
     let question = format!(
         "Discard dead message `{}` of handler `{}` (consumer `{}`)? It will never be handled.",
         key.message_id, key.handler, key.consumer
     );
-    prompt::confirm(&question, confirm).await?;
+    prompt::confirm(&question, &decision.confirm).await?;
     inbox_core::discard(pool, key, (&operator.by, reason)).await?;
     out.emit(&resolved(Action::Discarded, key, operator, reason))
 }

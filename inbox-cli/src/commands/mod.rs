@@ -6,6 +6,7 @@ mod gap;
 mod outbox;
 mod parked;
 mod purge;
+mod rejected;
 mod schema;
 mod status;
 
@@ -62,6 +63,7 @@ async fn dispatch<DB: Backend>(
         }
         DatabaseCommand::Dead(args) => dead::run(pool, args, out).await,
         DatabaseCommand::Parked(args) => parked::run(pool, args, out).await,
+        DatabaseCommand::Rejected(args) => rejected::run(pool, args, out).await,
         DatabaseCommand::Gap(args) => gap::run(pool, args, out).await,
         DatabaseCommand::Purge(args) => purge::run(pool, args, out).await,
         DatabaseCommand::Outbox(command) => outbox::run(pool, command, out).await,

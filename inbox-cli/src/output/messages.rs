@@ -3,7 +3,7 @@
 use inbox_core::StoredMessage;
 use serde::Serialize;
 
-use super::{Render, cell, shorten, table};
+use super::{Render, cell, headers_text, shorten, table};
 use crate::consumer::Searched;
 
 /// Which messages a list holds, which decides its columns.
@@ -181,28 +181,6 @@ impl MessageDetail {
     }
 }
 
-impl MessageDetail {
-    /// The headers, one `name: value` a line (values that are not text as JSON).
-    fn headers_text(&self) -> String {
-        let Some(headers) = &self.headers else {
-            return "(not kept)".to_owned();
-        };
-        let Some(headers) = headers.as_object() else {
-            return headers.to_string();
-        };
-        if headers.is_empty() {
-            return "(none)".to_owned();
-        }
-        let rows = headers.iter().map(|(name, value)| {
-            let value = value
-                .as_str()
-                .map_or_else(|| value.to_string(), str::to_owned);
-            vec![format!("{name}:"), value]
-        });
-        table(&[], rows)
-    }
-}
-
 impl Render for MessageDetail {
     fn human(&self) -> String {
         let summary = &self.summary;
@@ -230,7 +208,7 @@ impl Render for MessageDetail {
         format!(
             "{}\n\nheaders:\n{}\n\npayload:\n{payload}",
             table(&[], rows),
-            self.headers_text()
+            headers_text(self.headers.as_ref())
         )
     }
 }

@@ -24,18 +24,28 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_outbox, select_stored,
+    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_kept_rejected,
+    select_outbox, select_stored,
 };
 use super::{
     Backend, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
 };
 
-/// `received_at` and `failed_at` in RFC 3339, UTC (the session's time zone is UTC).
+/// The time in `$column` as RFC 3339 text, to the second (the session's time zone is UTC).
+macro_rules! rfc3339 {
+    ($column:literal) => {
+        concat!("DATE_FORMAT(", $column, ", '%Y-%m-%dT%H:%i:%sZ')")
+    };
+}
+
+/// `received_at` and `failed_at` in RFC 3339, UTC.
 macro_rules! select_stored_utc {
     () => {
-        select_stored!(
-            "DATE_FORMAT(received_at, '%Y-%m-%dT%H:%i:%sZ'), DATE_FORMAT(failed_at, '%Y-%m-%dT%H:%i:%sZ')"
-        )
+        select_stored!(concat!(
+            rfc3339!("received_at"),
+            ", ",
+            rfc3339!("failed_at")
+        ))
     };
 }
 
@@ -125,12 +135,12 @@ const SQL: Statements = Statements {
         rejected: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
             WHERE consumer = ? AND resolution IS NULL ORDER BY id",
         rejected_one: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
-            WHERE consumer = ? AND id = ? AND resolution IS NULL",
+            WHERE consumer = ? AND id = ? AND (resolution IS NULL OR resolution = 'replay_requested')",
         resolve_rejected: "UPDATE inbox_rejected \
             SET resolution = ?, resolved_by = ?, resolved_reason = ?, resolved_at = CURRENT_TIMESTAMP(6) \
-            WHERE consumer = ? AND id = ? AND resolution IS NULL",
+            WHERE consumer = ? AND id = ? AND (resolution IS NULL OR resolution = 'replay_requested')",
         rejected_counts: "SELECT consumer, COUNT(*) FROM inbox_rejected \
-            WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer",
+            WHERE resolution IS NULL OR resolution = 'replay_requested' GROUP BY consumer ORDER BY consumer",
         dead_letters: concat!(
             select_stored_utc!(),
             "WHERE consumer = ? AND status = 'dead' AND handler = COALESCE(?, handler) \
@@ -236,6 +246,26 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     record_action: "INSERT INTO inbox_actions (consumer, handler, message_id, aggregate_id, rejected_id, \
         action, performed_by, reason, outcome, outcome_at) \
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? THEN CURRENT_TIMESTAMP(6) END)",
+    settle_rejected_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \
+        WHERE rejected_id = ? AND outcome IS NULL",
+    kept_rejected: concat!(
+        select_kept_rejected!(rfc3339!("received_at")),
+        "WHERE (? OR consumer = ?) AND (resolution IS NULL OR resolution = 'replay_requested') \
+         ORDER BY id"
+    ),
+    rejected_by_id: concat!(
+        select_kept_rejected!(rfc3339!("received_at")),
+        "WHERE id = ?"
+    ),
+    request_rejected_replay: "UPDATE inbox_rejected SET resolution = 'replay_requested', \
+        resolved_by = ?, resolved_reason = ?, resolved_at = CURRENT_TIMESTAMP(6) \
+        WHERE consumer = ? AND id = ? AND resolution IS NULL",
+    rejected_replays: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+        WHERE consumer = ? AND resolution = 'replay_requested' ORDER BY id",
+    replayed: "UPDATE inbox_rejected SET resolution = 'replayed', resolved_at = CURRENT_TIMESTAMP(6) \
+        WHERE consumer = ? AND id = ? AND resolution = 'replay_requested'",
+    refused_again: "UPDATE inbox_rejected SET resolution = NULL, reason = ? \
+        WHERE consumer = ? AND id = ? AND resolution = 'replay_requested'",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::MySqlConnection`.

@@ -13,6 +13,7 @@ use super::sql::{self, Columns, FromColumns, Param, named};
 use super::sqlite;
 use super::{Backend, key_params, streams};
 use crate::envelope::Envelope;
+use crate::error::Error;
 use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution, Stream};
 use crate::text::storable_text;
 
@@ -25,6 +26,25 @@ pub struct RecordSql {
     pub next_consumer: &'static str,
     /// Records an operator's action ([`record_action`]).
     pub record_action: &'static str,
+    /// Sets the outcome of a rejected delivery's actions that have none yet
+    /// ([`resolve_rejected`], [`replay_rejected_requests`]).
+    pub settle_rejected_actions: &'static str,
+    /// Rejected deliveries not resolved yet, of every consumer or of one ([`kept_rejected`]).
+    pub kept_rejected: &'static str,
+    /// One rejected delivery, whatever its state ([`rejected_by_id`]).
+    pub rejected_by_id: &'static str,
+    /// Asks for a rejected delivery to be dispatched again by its consumer
+    /// ([`request_rejected_replay`]).
+    pub request_rejected_replay: &'static str,
+    /// A consumer's rejected deliveries whose replay an operator asked for
+    /// ([`replay_rejected_requests`]).
+    pub rejected_replays: &'static str,
+    /// Marks a rejected delivery whose requested replay was handed to its handlers `replayed`,
+    /// keeping who asked and why ([`replay_rejected_requests`]).
+    pub replayed: &'static str,
+    /// Puts a rejected delivery whose replay was refused again back in the list, with the new
+    /// reason ([`replay_rejected_requests`]).
+    pub refused_again: &'static str,
 }
 
 /// The [`RecordSql`] of `DB`.
@@ -275,6 +295,79 @@ impl RejectedDelivery {
     }
 }
 
+/// Where a rejected delivery stands, as its `resolution` column says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectedState {
+    /// Waiting for an operator.
+    Waiting,
+    /// An operator asked for it to be dispatched again: its consumer does, on its next sweep.
+    ReplayRequested,
+    /// Dispatched again, and handed to its handlers.
+    Replayed,
+    /// Given up on by an operator.
+    Discarded,
+}
+
+impl RejectedState {
+    /// The `resolution` a state is stored as (`None`: waiting).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectedState::Waiting => "waiting",
+            RejectedState::ReplayRequested => "replay_requested",
+            RejectedState::Replayed => "replayed",
+            RejectedState::Discarded => "discarded",
+        }
+    }
+
+    fn from_resolution(resolution: Option<&str>) -> Option<RejectedState> {
+        Some(match resolution {
+            None => RejectedState::Waiting,
+            Some("replay_requested") => RejectedState::ReplayRequested,
+            Some("replayed") => RejectedState::Replayed,
+            Some("discarded") => RejectedState::Discarded,
+            Some(_) => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for RejectedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rejected delivery as operators see it: the delivery, whose it is, when it came and where it
+/// stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptRejected {
+    /// The delivery, with its number, bytes, headers and the reason it was rejected.
+    pub delivery: RejectedDelivery,
+    /// The consumer group it was delivered to.
+    pub consumer: String,
+    /// When it came, in RFC 3339, UTC.
+    pub received_at: String,
+    /// Where it stands.
+    pub state: RejectedState,
+}
+
+impl FromColumns for KeptRejected {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        let resolution = row.maybe_text(8)?;
+        let state = RejectedState::from_resolution(resolution.as_deref()).ok_or_else(|| {
+            sqlx::Error::ColumnDecode {
+                index: "8".to_owned(),
+                source: format!("`{resolution:?}` is not a value this column holds").into(),
+            }
+        })?;
+        Ok(KeptRejected {
+            delivery: RejectedDelivery::from_columns(row)?,
+            consumer: row.text(6)?,
+            received_at: row.text(7)?,
+            state,
+        })
+    }
+}
+
 /// A dedup row as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
@@ -418,30 +511,183 @@ pub async fn rejected_one<DB: Backend>(
         .await
 }
 
-/// Records that an operator replayed or discarded a rejected delivery. Returns `false` if it
-/// does not exist or was resolved already.
+/// Records that an operator replayed or discarded a rejected delivery (one waiting, or whose
+/// replay was requested), with the action in its history. Returns `false` if it does not exist
+/// or was resolved already.
 pub async fn resolve_rejected<DB: Backend>(
     pool: &Pool<DB>,
     consumer: &str,
     id: i64,
     resolution: &Resolution<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let action = if resolution.replay {
-        "replayed"
-    } else {
-        "discarded"
+    let (resolved, action) = match resolution.replay {
+        true => (RejectedState::Replayed, ActionKind::ReplayRejected),
+        false => (RejectedState::Discarded, ActionKind::DiscardRejected),
     };
+    let (by, reason) = (
+        storable_text(resolution.by),
+        storable_text(resolution.reason),
+    );
     let params = [
-        Param::Text(action),
-        Param::Text(resolution.by),
-        Param::Text(resolution.reason),
+        Param::Text(resolved.as_str()),
+        Param::Text(&by),
+        Param::Text(&reason),
         Param::Text(consumer),
         Param::Int(id),
     ];
+    let mut tx = DB::begin(pool).await?;
+    if sql::execute::<DB>(&mut tx, DB::SQL.operators.resolve_rejected, &params).await? != 1 {
+        return Ok(false);
+    }
+    let outcome = resolved.as_str();
+    settle_rejected_actions::<DB>(&mut tx, id, outcome).await?;
+    let operator = Operator {
+        by: resolution.by,
+        reason: resolution.reason,
+    };
+    let subject = Subject::Rejected { consumer, id };
+    record_action::<DB>(&mut tx, &subject, action, operator, Some(outcome)).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Sets `outcome` on the actions of rejected delivery `id` that have none yet.
+async fn settle_rejected_actions<DB: Backend>(
+    conn: &mut DB::Connection,
+    id: i64,
+    outcome: &str,
+) -> Result<(), sqlx::Error> {
+    let outcome = storable_text(outcome);
+    let params = [Param::Text(&outcome), Param::Int(id)];
+    sql::execute::<DB>(conn, record_sql::<DB>().settle_rejected_actions, &params).await?;
+    Ok(())
+}
+
+/// The rejected deliveries no operator has resolved (waiting, or whose replay was requested), of
+/// `consumer` or (`None`) of every consumer, oldest first.
+pub async fn kept_rejected<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: Option<&str>,
+) -> Result<Vec<KeptRejected>, sqlx::Error> {
+    let params = [
+        Param::Flag(consumer.is_none()),
+        Param::Text(consumer.unwrap_or_default()),
+    ];
     let mut conn = pool.acquire().await?;
-    let resolved =
-        sql::execute::<DB>(&mut conn, DB::SQL.operators.resolve_rejected, &params).await?;
-    Ok(resolved == 1)
+    sql::fetch_all::<DB, KeptRejected>(&mut conn, record_sql::<DB>().kept_rejected, &params).await
+}
+
+/// Rejected delivery `id`, whatever its state.
+pub async fn rejected_by_id<DB: Backend>(
+    pool: &Pool<DB>,
+    id: i64,
+) -> Result<Option<KeptRejected>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let statement = record_sql::<DB>().rejected_by_id;
+    sql::fetch_optional::<DB, KeptRejected>(&mut conn, statement, &[Param::Int(id)]).await
+}
+
+/// Asks for rejected delivery `id` of `consumer`, waiting for an operator, to be dispatched
+/// again by the running consumer on its next sweep (see [`replay_rejected_requests`]); records
+/// who asks and why. Returns `false` if it is not waiting.
+pub async fn request_rejected_replay<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    id: i64,
+    operator: Operator<'_>,
+) -> Result<bool, sqlx::Error> {
+    let (by, reason) = (storable_text(operator.by), storable_text(operator.reason));
+    let params = [
+        Param::Text(&by),
+        Param::Text(&reason),
+        Param::Text(consumer),
+        Param::Int(id),
+    ];
+    let mut tx = DB::begin(pool).await?;
+    let requested = record_sql::<DB>().request_rejected_replay;
+    if sql::execute::<DB>(&mut tx, requested, &params).await? != 1 {
+        return Ok(false);
+    }
+    let subject = Subject::Rejected { consumer, id };
+    record_action::<DB>(
+        &mut tx,
+        &subject,
+        ActionKind::ReplayRejected,
+        operator,
+        None,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Dispatches again, with `dispatch`, each rejected delivery of `consumer` whose replay an
+/// operator asked for ([`request_rejected_replay`]), oldest first, and records what came of it:
+/// this is the part of a runtime's sweep that carries out `inbox rejected replay`. Returns how
+/// many were handed to their handlers.
+///
+/// `dispatch` runs every handler of the delivery's type, as a delivery from the source would.
+/// What its result means:
+/// - `Ok`, or a handler's failure ([`Error::Handler`]: recorded with the message, which the
+///   store now retries): the delivery is `replayed`;
+/// - a transient error (the database): nothing is recorded, and the next sweep tries again;
+/// - any other error (no handler for its type yet, a payload that does not decode): it is
+///   rejected again, back in the list with the new reason, and its action says so.
+pub async fn replay_rejected_requests<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    dispatch: impl AsyncFn(&Envelope) -> Result<(), Error>,
+) -> Result<u32, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let params = [Param::Text(consumer)];
+    let statement = record_sql::<DB>().rejected_replays;
+    let requested = sql::fetch_all::<DB, RejectedDelivery>(&mut conn, statement, &params).await?;
+    drop(conn);
+    let mut replayed = 0;
+    for delivery in requested {
+        let dispatched = match delivery.envelope() {
+            Ok(envelope) => dispatch(&envelope).await,
+            Err(error) => Err(Error::Decode {
+                message_type: delivery.message_type.clone(),
+                reason: format!("stored headers: {error}"),
+            }),
+        };
+        let outcome = match dispatched {
+            Ok(()) => Ok("replayed: handled".to_owned()),
+            Err(error @ Error::Handler { .. }) => Ok(format!("replayed: {error}")),
+            Err(error) if error.is_transient() => continue,
+            Err(error) => Err(error.to_string()),
+        };
+        replayed += u32::from(outcome.is_ok());
+        settle_rejected_replay(pool, consumer, delivery.id, outcome).await?;
+    }
+    Ok(replayed)
+}
+
+/// Records what came of the requested replay of rejected delivery `id`: `Ok`, it is `replayed`;
+/// `Err`, it waits for an operator again, with the new reason.
+async fn settle_rejected_replay<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    id: i64,
+    outcome: Result<String, String>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = DB::begin(pool).await?;
+    let settled = match &outcome {
+        Ok(outcome) => {
+            let params = [Param::Text(consumer), Param::Int(id)];
+            sql::execute::<DB>(&mut tx, record_sql::<DB>().replayed, &params).await?;
+            outcome.clone()
+        }
+        Err(reason) => {
+            let reason = storable_text(reason);
+            let params = [Param::Text(&reason), Param::Text(consumer), Param::Int(id)];
+            sql::execute::<DB>(&mut tx, record_sql::<DB>().refused_again, &params).await?;
+            format!("rejected again: {reason}")
+        }
+    };
+    settle_rejected_actions::<DB>(&mut tx, id, &settled).await?;
+    tx.commit().await
 }
 
 /// The dead messages of `consumer` that match `filter`, by handler, aggregate and sequence.

@@ -40,7 +40,7 @@ pub(super) use first_of_aggregate;
 
 /// The columns of a `StoredMessage`, with `received_at` and `failed_at` as RFC 3339 text.
 macro_rules! select_stored {
-    ($times:literal) => {
+    ($times:expr) => {
         concat!(
             "SELECT handler, message_id, message_type, aggregate_id, sequence_number, status, \
              first_error, error_text, attempt_count, payload, resolution, resolved_by, \
@@ -53,15 +53,63 @@ macro_rules! select_stored {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use select_stored;
 
-/// `received_at` and `failed_at` in RFC 3339, UTC.
-macro_rules! select_stored_utc {
-    () => {
-        select_stored!(
-            "to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
-             to_char(failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+/// The time in `$column` as RFC 3339 text, in UTC, to the second.
+macro_rules! rfc3339 {
+    ($column:literal) => {
+        concat!(
+            "to_char(",
+            $column,
+            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
         )
     };
 }
+
+/// `received_at` and `failed_at` in RFC 3339, UTC.
+macro_rules! select_stored_utc {
+    () => {
+        select_stored!(concat!(
+            rfc3339!("received_at"),
+            ", ",
+            rfc3339!("failed_at")
+        ))
+    };
+}
+
+/// The columns of a `KeptRejected`, with `received_at` as given (RFC 3339 text).
+macro_rules! select_kept_rejected {
+    ($received_at:expr) => {
+        concat!(
+            "SELECT id, message_type, delivery_id, payload, headers, reason, consumer, ",
+            $received_at,
+            ", resolution FROM inbox_rejected "
+        )
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) use select_kept_rejected;
+
+/// The rejected deliveries no operator has resolved, of every consumer (`$1`) or of one (`$2`),
+/// with `received_at` as given.
+macro_rules! kept_rejected {
+    ($received_at:expr) => {
+        concat!(
+            select_kept_rejected!($received_at),
+            "WHERE ($1 OR consumer = $2) AND (resolution IS NULL OR resolution = 'replay_requested') \
+             ORDER BY id"
+        )
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use kept_rejected;
+
+/// One rejected delivery (`$1`), with `received_at` as given.
+macro_rules! rejected_by_id {
+    ($received_at:expr) => {
+        concat!(select_kept_rejected!($received_at), "WHERE id = $1")
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use rejected_by_id;
 
 /// Each parked aggregate of one handler, with its first parked sequence, since when it waits, and
 /// its stream's last applied sequence. The parked rows are read through their index, and each
@@ -213,12 +261,12 @@ pub(super) const SQL: Statements = Statements {
         rejected: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
             WHERE consumer = $1 AND resolution IS NULL ORDER BY id",
         rejected_one: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
-            WHERE consumer = $1 AND id = $2 AND resolution IS NULL",
+            WHERE consumer = $1 AND id = $2 AND (resolution IS NULL OR resolution = 'replay_requested')",
         resolve_rejected: "UPDATE inbox_rejected \
             SET resolution = $1, resolved_by = $2, resolved_reason = $3, resolved_at = CURRENT_TIMESTAMP \
-            WHERE consumer = $4 AND id = $5 AND resolution IS NULL",
+            WHERE consumer = $4 AND id = $5 AND (resolution IS NULL OR resolution = 'replay_requested')",
         rejected_counts: "SELECT consumer, COUNT(*) FROM inbox_rejected \
-            WHERE resolution IS NULL GROUP BY consumer ORDER BY consumer",
+            WHERE resolution IS NULL OR resolution = 'replay_requested' GROUP BY consumer ORDER BY consumer",
         dead_letters: concat!(
             select_stored_utc!(),
             "WHERE consumer = $1 AND status = 'dead' AND handler = COALESCE($2, handler) \
@@ -345,6 +393,19 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     record_action: "INSERT INTO inbox_actions (consumer, handler, message_id, aggregate_id, rejected_id, \
         action, performed_by, reason, outcome, outcome_at) \
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN CURRENT_TIMESTAMP END)",
+    settle_rejected_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
+        WHERE rejected_id = $2 AND outcome IS NULL",
+    kept_rejected: kept_rejected!(rfc3339!("received_at")),
+    rejected_by_id: rejected_by_id!(rfc3339!("received_at")),
+    request_rejected_replay: "UPDATE inbox_rejected SET resolution = 'replay_requested', \
+        resolved_by = $1, resolved_reason = $2, resolved_at = CURRENT_TIMESTAMP \
+        WHERE consumer = $3 AND id = $4 AND resolution IS NULL",
+    rejected_replays: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \
+        WHERE consumer = $1 AND resolution = 'replay_requested' ORDER BY id",
+    replayed: "UPDATE inbox_rejected SET resolution = 'replayed', resolved_at = CURRENT_TIMESTAMP \
+        WHERE consumer = $1 AND id = $2 AND resolution = 'replay_requested'",
+    refused_again: "UPDATE inbox_rejected SET resolution = NULL, reason = $1 \
+        WHERE consumer = $2 AND id = $3 AND resolution = 'replay_requested'",
 };
 
 /// A handler may take the guarded transaction as a plain `&mut sqlx::PgConnection`.

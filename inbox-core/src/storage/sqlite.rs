@@ -11,18 +11,28 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    self, first_of_aggregate, overdue_gaps, parked_streams, select_outbox, select_stored,
+    self, first_of_aggregate, kept_rejected, overdue_gaps, parked_streams, rejected_by_id,
+    select_kept_rejected, select_outbox, select_stored,
 };
 use super::{
     Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Statements, StreamSql,
 };
 
-/// `received_at` and `failed_at` in RFC 3339 (SQLite keeps UTC text).
+/// The time in `$column` as RFC 3339 text, to the second (SQLite keeps UTC text).
+macro_rules! rfc3339 {
+    ($column:literal) => {
+        concat!("strftime('%Y-%m-%dT%H:%M:%SZ', ", $column, ")")
+    };
+}
+
+/// `received_at` and `failed_at` in RFC 3339.
 macro_rules! select_stored_utc {
     () => {
-        select_stored!(
-            "strftime('%Y-%m-%dT%H:%M:%SZ', received_at), strftime('%Y-%m-%dT%H:%M:%SZ', failed_at)"
-        )
+        select_stored!(concat!(
+            rfc3339!("received_at"),
+            ", ",
+            rfc3339!("failed_at")
+        ))
     };
 }
 
@@ -119,8 +129,10 @@ const SQL: Statements = Statements {
     ..postgres::SQL
 };
 
-/// SQLite's statements on what is kept for operators: PostgreSQL's.
+/// SQLite's statements on what is kept for operators: PostgreSQL's, but for times.
 pub(super) const RECORDS: RecordSql = RecordSql {
+    kept_rejected: kept_rejected!(rfc3339!("received_at")),
+    rejected_by_id: rejected_by_id!(rfc3339!("received_at")),
     ..postgres::RECORDS
 };
 
