@@ -340,53 +340,53 @@ pub mod classify {
 
     type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-    /// A handler's error on its way into a [`HandlerError`].
-    pub struct Failure<E>(core::cell::Cell<Option<E>>);
+    /// A handler's error on its way into a [`HandlerError`], with how to box it.
+    pub struct Failure<E> {
+        error: core::cell::Cell<Option<E>>,
+        boxed: fn(E) -> BoxError,
+    }
 
     impl<E> Failure<E> {
-        /// Wraps the error.
-        pub fn new(error: E) -> Self {
-            Self(core::cell::Cell::new(Some(error)))
+        /// Wraps the error; `boxed` converts it.
+        pub fn new(error: E, boxed: fn(E) -> BoxError) -> Self {
+            Self {
+                error: core::cell::Cell::new(Some(error)),
+                boxed,
+            }
         }
 
-        /// The error, once (later calls say that it was taken).
-        fn take(&self, boxed: fn(E) -> BoxError) -> BoxError {
-            match self.0.take() {
-                Some(error) => boxed(error),
-                None => "the handler's error was already taken".into(),
+        /// The error and whether `permanent` calls it permanent, once (a later call has only a
+        /// message saying that it was taken).
+        fn take(&self, permanent: impl FnOnce(&E) -> bool) -> HandlerError {
+            match self.error.take() {
+                Some(error) if permanent(&error) => HandlerError::permanent((self.boxed)(error)),
+                Some(error) => HandlerError::new((self.boxed)(error)),
+                None => HandlerError::msg("the handler's error was already taken"),
             }
         }
     }
 
     /// Chosen when the error type implements [`Permanence`].
-    pub trait Classified<E> {
-        /// The error, permanent if its type says so; `boxed` converts it.
-        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError;
+    pub trait Classified {
+        /// The error, permanent if its type says so.
+        fn take_handler_error(&self) -> HandlerError;
     }
 
-    impl<E: Permanence> Classified<E> for &Failure<E> {
-        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError {
-            let permanent = self
-                .0
-                .take()
-                .map(|error| (error.is_permanent(), boxed(error)));
-            match permanent {
-                Some((true, error)) => HandlerError::permanent(error),
-                Some((false, error)) => HandlerError::new(error),
-                None => HandlerError::new(self.take(boxed)),
-            }
+    impl<E: Permanence> Classified for &Failure<E> {
+        fn take_handler_error(&self) -> HandlerError {
+            self.take(E::is_permanent)
         }
     }
 
     /// Chosen for every other error type.
-    pub trait Unclassified<E> {
+    pub trait Unclassified {
         /// The error, as it is (a `HandlerError` keeps its permanence), else transient.
-        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError;
+        fn take_handler_error(&self) -> HandlerError;
     }
 
-    impl<E> Unclassified<E> for Failure<E> {
-        fn take_handler_error(&self, boxed: fn(E) -> BoxError) -> HandlerError {
-            HandlerError::new(self.take(boxed))
+    impl<E> Unclassified for Failure<E> {
+        fn take_handler_error(&self) -> HandlerError {
+            self.take(|_| false)
         }
     }
 }

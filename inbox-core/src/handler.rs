@@ -65,21 +65,14 @@ pub trait HandlerResult {
     /// The error type.
     type Error;
 
-    /// The result, with its error type named.
-    fn into_result(self) -> Result<(), Self::Error>;
-
-    /// Boxes the error.
-    fn boxed(error: Self::Error) -> Box<dyn std::error::Error + Send + Sync + 'static>;
+    /// The result, its error ready to become a [`HandlerError`].
+    fn into_result(self) -> Result<(), crate::error::classify::Failure<Self::Error>>;
 }
 
 impl<E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>> HandlerResult for Result<(), E> {
     type Error = E;
 
-    fn into_result(self) -> Result<(), E> {
-        self
-    }
-
-    fn boxed(error: E) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-        error.into()
+    fn into_result(self) -> Result<(), crate::error::classify::Failure<E>> {
+        self.map_err(|error| crate::error::classify::Failure::new(error, Into::into))
     }
 }

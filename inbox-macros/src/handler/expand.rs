@@ -299,16 +299,13 @@ impl Expansion<'_> {
         };
         let result = quote_spanned!(output.span()=>
             <#output as #krate::__private::HandlerResult>::into_result(#invocation.await));
-        let boxed =
-            quote_spanned!(output.span()=> <#output as #krate::__private::HandlerResult>::boxed);
         quote! {
             match #result {
                 ::core::result::Result::Ok(()) => ::core::result::Result::Ok(()),
-                ::core::result::Result::Err(__inbox_error) => {
+                ::core::result::Result::Err(__inbox_failure) => {
                     #[allow(unused_imports)]
                     use #krate::__private::classify::{Classified as _, Unclassified as _};
-                    let __inbox_failure = #krate::__private::classify::Failure::new(__inbox_error);
-                    ::core::result::Result::Err((&&__inbox_failure).take_handler_error(#boxed))
+                    ::core::result::Result::Err((&&__inbox_failure).take_handler_error())
                 }
             }
         }
