@@ -102,7 +102,7 @@ impl Server {
                 std::env::var("CI").as_deref() != Ok("true"),
                 "CI must run the restart test, but `{program}` cannot start"
             );
-            eprintln!("SKIPPED: the restart test needs `{program}`");
+            crate::common::skip::skip("restart", &format!("the restart test needs `{program}`"));
             return None;
         };
         let server = Server {
@@ -825,10 +825,8 @@ mod suite {
 
     /// Says, where a reader sees it, that a test does not apply to a broker.
     pub fn not_promised<B: TestBroker>(what: &str) {
-        eprintln!(
-            "SKIPPED for {}: it never {what}",
-            std::any::type_name::<B>()
-        );
+        let why = format!("{} never {what}", std::any::type_name::<B>());
+        crate::common::skip::skip("not promised", &why);
     }
 
     pub async fn consumes_what_was_published_with_payload_and_headers<B: TestBroker>() {

@@ -335,13 +335,12 @@ common::on_every_backend!(guard_suite);
 #[cfg(not(feature = "mysql"))]
 #[test]
 fn mysql_suites_are_built() {
-    use std::io::Write;
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("CI must run the MySQL tests: build them with `--all-features`");
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED on MySQL: every suite (run `cargo test --workspace --all-features` to build them)"
+    common::skip::skip(
+        "mysql_suites_are_built",
+        "every MySQL suite is left out of this build (run `cargo test --workspace --all-features`)",
     );
 }
 

@@ -171,7 +171,7 @@ macro_rules! runtime_suite {
         #[tokio::test]
         async fn an_aggregate_that_is_held_up_holds_up_no_other() {
             if <$db as inbox::Backend>::DEFAULT_WORKERS == 1 {
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), b"SKIPPED on this backend: one writer at a time, so a held transaction holds up every other\n");
+                $crate::common::skip::skip("held_aggregate", "one writer at a time on this backend, so a held transaction holds up every other");
                 return;
             }
             let Some(pool) = ledger("held_aggregate").await else { return };

@@ -41,7 +41,7 @@ macro_rules! strict_suite {
         #[tokio::test]
         async fn consuming_does_not_wait_for_the_first_sweep() {
             if <$db as inbox::Backend>::DEFAULT_WORKERS == 1 {
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), b"SKIPPED on this backend: one writer at a time, so a held stream lock holds up every write\n");
+                $crate::common::skip::skip("first_sweep_beside", "one writer at a time on this backend, so a held stream lock holds up every write");
                 return;
             }
             let Some(pool) = ledger("first_sweep_beside").await else { return };
