@@ -38,7 +38,8 @@ impl<'t, DB: Database> Context<'t, DB> {
     /// inspect.
     ///
     /// ```
-    /// use inbox_core::Context;
+    /// # use inbox_core as inbox;
+    /// use inbox::Context;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), sqlx::Error> {
