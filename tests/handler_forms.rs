@@ -2,15 +2,22 @@
 //! and its test checks what the macros made of it. The forms they reject, and the errors they get,
 //! are the compile-fail cases of `inbox-macros/tests/ui.rs`.
 
+use inbox::prelude::*;
+
+/// The message most forms take: every field any of them reads.
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+struct OrderPaid {
+    event_id: Uuid,
+    order_id: String,
+    sequence: i64,
+    amount: i64,
+}
+
 // A handler may return `anyhow::Result<()>`.
 mod anyhow_result {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id")]
     async fn mark_paid(tx: &mut sqlx::PgConnection, msg: OrderPaid) -> anyhow::Result<()> {
@@ -66,12 +73,7 @@ mod composite_key {
 mod context {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-        sequence: i64,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id")]
     async fn mark_paid(
@@ -101,11 +103,7 @@ mod custom_error {
 
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        amount: i64,
-    }
+    use super::OrderPaid;
 
     #[derive(Debug)]
     enum BillingError {
@@ -175,10 +173,7 @@ mod derive_message_with_aggregate {
 mod message_only {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id")]
     async fn log_payment(msg: OrderPaid) -> Result<(), HandlerError> {
@@ -199,11 +194,7 @@ mod message_only {
 mod message_pattern {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id")]
     async fn mark_paid(
@@ -265,11 +256,7 @@ mod name_and_crate {
 mod permanent_error {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-    }
+    use super::OrderPaid;
 
     #[derive(Debug)]
     enum ShopError {
@@ -361,10 +348,7 @@ mod pg_connection {
 mod plain_call {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id")]
     async fn mark_paid(
@@ -432,10 +416,7 @@ pub mod pub_with_docs {
 mod raw_identifier {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id")]
     async fn r#match(_msg: OrderPaid) -> Result<(), HandlerError> {
@@ -532,12 +513,7 @@ mod shadowing {
 mod sqlite_connection {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-        sequence: i64,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "order_id")]
     async fn mark_paid(
@@ -564,11 +540,7 @@ mod sqlite_connection {
 mod state {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        amount: i64,
-    }
+    use super::OrderPaid;
 
     #[derive(Clone)]
     struct Rates {
@@ -617,12 +589,7 @@ mod strict {
     use inbox::prelude::*;
     use std::time::Duration;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-        sequence: i64,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(
         key = "event_id",
@@ -675,11 +642,7 @@ mod strict {
 mod transaction {
     use inbox::prelude::*;
 
-    #[derive(Debug, Clone, Serialize, Deserialize, Message)]
-    struct OrderPaid {
-        event_id: Uuid,
-        order_id: String,
-    }
+    use super::OrderPaid;
 
     #[inbox_handler(key = "event_id")]
     async fn mark_paid(
