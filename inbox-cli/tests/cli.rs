@@ -272,6 +272,35 @@ macro_rules! cli_suite {
         }
 
         #[tokio::test]
+        async fn every_operator_action_is_kept_and_a_failed_replay_says_it_failed() {
+            let Some((pool, url, inbox)) = with_dead_order("cli_history").await else { return };
+
+            cli(&url, &["dead", "replay", "record_order", "o-1", "--reason", "first try"]).ok();
+            let waiting = cli(&url, &["show", "record_order", "o-1", "--json"]).ok().json();
+            assert_eq!(waiting["actions"][0]["outcome"], json!("waiting for the running consumer's next sweep"), "{waiting}");
+            inbox.replay_requested().await.unwrap();
+            assert_eq!(row(&pool, "o-1").await.0, "dead", "the handler still fails");
+            let failed = cli(&url, &["show", "record_order", "o-1"]).ok().stdout;
+            assert!(failed.contains("failed again, dead: the `broken` table has a row"), "{failed}");
+            assert!(!failed.contains("resolution"), "no resolution that reads as if the replay worked: {failed}");
+            sqlx::query(crate::common::sql::<$db>("DELETE FROM broken")).execute(&pool).await.unwrap();
+            cli(&url, &["dead", "replay", "record_order", "o-1", "--reason", "fixed", "--by", "ops"]).ok();
+            inbox.replay_requested().await.unwrap();
+
+            let shown = cli(&url, &["show", "record_order", "o-1", "--json"]).ok().json();
+            let actions: Vec<_> = shown["actions"].as_array().unwrap().iter()
+                .map(|action| (action["action"].as_str().unwrap(), action["by"].as_str().unwrap(), action["reason"].as_str().unwrap(), action["outcome"].as_str().unwrap()))
+                .collect();
+            assert_eq!(actions, [
+                ("replay", "tester", "first try", "failed again, dead: the `broken` table has a row"),
+                ("replay", "ops", "fixed", "processed"),
+            ], "{shown}");
+            assert!(crate::utc_time(shown["actions"][0]["at"].as_str().unwrap()) && crate::utc_time(shown["actions"][0]["outcome_at"].as_str().unwrap()), "{shown}");
+            let table = cli(&url, &["show", "record_order", "o-1"]).ok().stdout;
+            assert!(table.contains("operator actions:") && table.contains("first try") && table.contains("fixed"), "{table}");
+        }
+
+        #[tokio::test]
         async fn only_a_stored_dead_message_can_be_replayed() {
             let Some((pool, url, _inbox)) = with_dead_order("cli_replay_missing").await else { return };
 
@@ -350,6 +379,8 @@ macro_rules! cli_suite {
             assert_eq!(recorded(&pool).await, ["r-1"]);
             assert_eq!(rejected_state(&url, first).0, "replayed");
             assert_eq!(rejected_outcomes(&pool, first).await, [("replay_rejected".to_owned(), Some("replayed: handled".to_owned()))]);
+            let shown = cli(&url, &["rejected", "show", &first.to_string(), "--json"]).ok().json();
+            assert_eq!((&shown["actions"][0]["reason"], &shown["actions"][0]["outcome"]), (&json!("handler deployed"), &json!("replayed: handled")), "{shown}");
             let (state, reason) = rejected_state(&url, second);
             assert_eq!((state.as_str(), reason.as_str()), ("waiting", "no handler is registered for message type `test.unknown`"), "refused again, back in the list");
             let outcomes = rejected_outcomes(&pool, second).await;
@@ -389,6 +420,10 @@ macro_rules! cli_suite {
             let status = cli(&url, &["status", "--json"]).ok().json();
             assert_eq!((&status["handlers"][0]["discarded"], &status["handlers"][0]["dead"]), (&json!(1), &json!(0)), "{status}");
             cli(&url, &[&discard[..], &["--yes"]].concat()).failed(4, &["`discarded`, not dead"]);
+            let shown = cli(&url, &["dead", "show", "record_order", "o-1", "--json"]).ok().json();
+            assert_eq!(shown["actions"].as_array().map(Vec::len), Some(1), "{shown}");
+            let discard = &shown["actions"][0];
+            assert_eq!((&discard["action"], &discard["reason"], &discard["outcome"]), (&json!("discard"), &json!("obsolete"), &json!("discarded")), "{shown}");
         }
 
         #[tokio::test]
@@ -416,6 +451,8 @@ macro_rules! cli_suite {
                 "SELECT consumer, aggregate_id, action, performed_by || ': ' || reason, message_id FROM inbox_actions"))
                 .fetch_one(&pool).await.expect("the skip is recorded");
             assert_eq!(action, ("default".into(), "a-1".into(), "skip_gap".into(), "tester: v2 lost upstream".into(), None));
+            let shown = cli(&url, &["show", "apply_step", "s-3", "--json"]).ok().json();
+            assert_eq!((&shown["actions"][0]["action"], &shown["actions"][0]["reason"]), (&json!("skip_gap"), &json!("v2 lost upstream")), "the skip is in the history of its aggregate's messages: {shown}");
 
             assert!(recorded(&pool).await.is_empty(), "the CLI does not run handlers");
             assert_eq!(inbox.resume().await.unwrap(), 2);

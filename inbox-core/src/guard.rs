@@ -25,6 +25,7 @@ use crate::outcome::Outcome;
 use crate::queue::QueueReceipt;
 use crate::retry::RetryPolicy;
 use crate::storage::messages::{self, Claimed, Seen};
+use crate::storage::operators::{ActionKind, Operator, Subject};
 use crate::storage::{Backend, operators, streams};
 
 /// What guarding one message did.
@@ -887,8 +888,9 @@ pub async fn replay<DB: Backend, H: Handler<DB>>(
     }
 }
 
-/// Asks for dead (or failed) message `key` to be replayed, recording who asks and why, without
-/// handling it: the runtime that owns its handler does, on its next sweep (see
+/// Asks for dead (or failed) message `key` to be replayed, recording who asks and why (in the
+/// message's history of operators' actions, where what came of an earlier replay is kept too),
+/// without handling it: the runtime that owns its handler does, on its next sweep (see
 /// [`retry_due`]). This is how an operator replays from outside the consumer's process.
 pub async fn request_replay<DB: Backend>(
     pool: &Pool<DB>,
@@ -898,8 +900,8 @@ pub async fn request_replay<DB: Backend>(
     resolve_dead(pool, key, true, by_reason).await
 }
 
-/// Discards a dead (or failed) message: it stays, with its payload and who discarded it and why,
-/// but is never retried.
+/// Discards a dead (or failed) message: it stays, with its payload and who discarded it and why
+/// (in its history of operators' actions), but is never retried.
 pub async fn discard<DB: Backend>(
     pool: &Pool<DB>,
     key: &MessageKey<'_>,
@@ -917,6 +919,7 @@ async fn resolve_dead<DB: Backend>(
     let action = if replay { "replay" } else { "discard" };
     let resolution = Resolution { replay, by, reason };
     let mut tx = DB::begin(pool).await?;
+    operators::settle_actions::<DB>(&mut tx, key).await?;
     if !messages::resolve(&mut tx, key, &resolution).await? {
         return Err(Error::NotDead {
             handler: key.handler.to_owned(),
@@ -924,6 +927,12 @@ async fn resolve_dead<DB: Backend>(
             action,
         });
     }
+    let (kind, outcome) = match replay {
+        true => (ActionKind::Replay, None),
+        false => (ActionKind::Discard, Some("discarded")),
+    };
+    let (subject, operator) = (Subject::Message(*key), Operator { by, reason });
+    operators::record_action::<DB>(&mut tx, &subject, kind, operator, outcome).await?;
     tx.commit().await?;
     tracing::warn!(
         handler = key.handler,

@@ -53,7 +53,8 @@ pub async fn show<DB: Backend>(
 ) -> Result<(), CliError> {
     let consumer = consumer_of(pool, named, message).await?;
     let stored = stored(pool, &key(&consumer, message)).await?;
-    out.emit(&MessageDetail::new(&consumer, stored))
+    let actions = operators::history(pool, &consumer, &stored).await?;
+    out.emit(&MessageDetail::new(&consumer, stored, actions))
 }
 
 /// The consumer of the message named: the one `--consumer` names, or the only one that stores

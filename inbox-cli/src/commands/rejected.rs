@@ -26,7 +26,8 @@ pub async fn run<DB: Backend>(
         }
         RejectedCommand::Show(delivery) => {
             let kept = find(pool, named, delivery.id).await?;
-            out.emit(&RejectedDetail::new(kept))
+            let actions = operators::rejected_history(pool, delivery.id).await?;
+            out.emit(&RejectedDetail::new(kept, actions))
         }
         RejectedCommand::Replay { delivery, decision } => {
             let kept = find(pool, named, delivery.id).await?;

@@ -1,6 +1,7 @@
 //! Stored messages: the dead and parked lists, and everything about one message.
 
 use inbox_core::StoredMessage;
+use inbox_core::storage::operators::ActionRecord;
 use serde::Serialize;
 
 use super::{Render, cell, headers_text, shorten, table};
@@ -157,14 +158,57 @@ pub struct MessageDetail {
     /// The delivery's headers (correlation id, trace context, ...), kept with the payload: a JSON
     /// object, or the stored text if it is not one.
     headers: Option<serde_json::Value>,
-    resolution: Option<String>,
-    resolved_by: Option<String>,
-    resolved_reason: Option<String>,
+    /// What operators did about it (and about the gaps of its aggregate), oldest first.
+    actions: Vec<ActionView>,
+}
+
+/// One operator's action, and what came of it.
+#[derive(Debug, Serialize)]
+pub struct ActionView {
+    action: String,
+    by: String,
+    reason: String,
+    /// RFC 3339, UTC.
+    at: String,
+    /// Recorded once known; for the latest replay, what the message says so far.
+    outcome: Option<String>,
+    /// RFC 3339, UTC; `None` for an outcome read off the message as it stands.
+    outcome_at: Option<String>,
+}
+
+impl From<ActionRecord> for ActionView {
+    fn from(record: ActionRecord) -> Self {
+        Self {
+            action: record.action.to_string(),
+            by: record.by,
+            reason: record.reason,
+            at: record.at,
+            outcome: record.outcome,
+            outcome_at: record.outcome_at,
+        }
+    }
+}
+
+/// Actions as a table, oldest first; `(none)` without any.
+pub fn actions_text(actions: &[ActionView]) -> String {
+    if actions.is_empty() {
+        return "(none)".to_owned();
+    }
+    let rows = actions.iter().map(|action| {
+        vec![
+            action.at.clone(),
+            action.action.clone(),
+            action.by.clone(),
+            action.reason.clone(),
+            cell(action.outcome.as_deref()),
+        ]
+    });
+    table(&["AT", "ACTION", "BY", "REASON", "OUTCOME"], rows)
 }
 
 impl MessageDetail {
-    /// `message` of `consumer`.
-    pub fn new(consumer: &str, mut message: StoredMessage) -> Self {
+    /// `message` of `consumer`, with what operators did about it.
+    pub fn new(consumer: &str, mut message: StoredMessage, actions: Vec<ActionRecord>) -> Self {
         let payload = message.payload.take();
         let headers = message.headers.take().map(|headers| {
             serde_json::from_str(&headers).unwrap_or(serde_json::Value::String(headers))
@@ -173,9 +217,7 @@ impl MessageDetail {
             headers,
             payload: payload.map(|payload| String::from_utf8_lossy(&payload).into_owned()),
             first_error: message.first_error.take(),
-            resolution: message.resolution.take(),
-            resolved_by: message.resolved_by.take(),
-            resolved_reason: message.resolved_reason.take(),
+            actions: actions.into_iter().map(ActionView::from).collect(),
             summary: MessageSummary::new(consumer.to_owned(), message),
         }
     }
@@ -197,17 +239,15 @@ impl Render for MessageDetail {
             ("failed at", summary.failed_at.clone()),
             ("first error", self.first_error.clone()),
             ("last error", summary.last_error.clone()),
-            ("resolution", self.resolution.clone()),
-            ("resolved by", self.resolved_by.clone()),
-            ("reason given", self.resolved_reason.clone()),
         ];
         let rows = fields
             .into_iter()
             .map(|(name, value)| vec![format!("{name}:"), cell(value)]);
         let payload = self.payload.as_deref().unwrap_or("(not kept)");
         format!(
-            "{}\n\nheaders:\n{}\n\npayload:\n{payload}",
+            "{}\n\noperator actions:\n{}\n\nheaders:\n{}\n\npayload:\n{payload}",
             table(&[], rows),
+            actions_text(&self.actions),
             headers_text(self.headers.as_ref())
         )
     }

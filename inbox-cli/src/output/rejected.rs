@@ -1,8 +1,9 @@
 //! Rejected deliveries: the list, everything about one, and what an operator decided.
 
-use inbox_core::storage::operators::{KeptRejected, Operator, RejectedState};
+use inbox_core::storage::operators::{ActionRecord, KeptRejected, Operator, RejectedState};
 use serde::Serialize;
 
+use super::messages::{ActionView, actions_text};
 use super::{Render, shorten, table};
 use crate::consumer::Searched;
 
@@ -98,17 +99,20 @@ pub struct RejectedDetail {
     headers: serde_json::Value,
     /// The payload as UTF-8 text (invalid bytes replaced).
     payload: String,
+    /// What operators did about it, oldest first.
+    actions: Vec<ActionView>,
 }
 
 impl RejectedDetail {
-    /// `kept`, in full.
-    pub fn new(kept: KeptRejected) -> Self {
+    /// `kept`, in full, with what operators did about it.
+    pub fn new(kept: KeptRejected, actions: Vec<ActionRecord>) -> Self {
         let headers = &kept.delivery.headers;
         Self {
             summary: RejectedSummary::new(&kept),
             headers: serde_json::from_str(headers)
                 .unwrap_or_else(|_| serde_json::Value::String(headers.clone())),
             payload: String::from_utf8_lossy(&kept.delivery.payload).into_owned(),
+            actions: actions.into_iter().map(ActionView::from).collect(),
         }
     }
 }
@@ -129,8 +133,9 @@ impl Render for RejectedDetail {
             .into_iter()
             .map(|(name, value)| vec![format!("{name}:"), value]);
         format!(
-            "{}\n\nheaders:\n{}\n\npayload:\n{}",
+            "{}\n\noperator actions:\n{}\n\nheaders:\n{}\n\npayload:\n{}",
             table(&[], rows),
+            actions_text(&self.actions),
             super::headers_text(Some(&self.headers)),
             self.payload
         )

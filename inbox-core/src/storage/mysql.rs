@@ -24,8 +24,8 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_kept_rejected,
-    select_outbox, select_stored,
+    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_actions,
+    select_kept_rejected, select_outbox, select_stored,
 };
 use super::{
     Backend, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
@@ -246,6 +246,16 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     record_action: "INSERT INTO inbox_actions (consumer, handler, message_id, aggregate_id, rejected_id, \
         action, performed_by, reason, outcome, outcome_at) \
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN ? THEN CURRENT_TIMESTAMP(6) END)",
+    message_actions: concat!(
+        select_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+        "WHERE consumer = ? AND handler = ? AND (message_id = ? OR aggregate_id = ?) ORDER BY id"
+    ),
+    rejected_actions: concat!(
+        select_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+        "WHERE rejected_id = ? ORDER BY id"
+    ),
+    settle_message_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \
+        WHERE consumer = ? AND handler = ? AND message_id = ? AND outcome IS NULL",
     settle_rejected_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \
         WHERE rejected_id = ? AND outcome IS NULL",
     kept_rejected: concat!(

@@ -26,6 +26,13 @@ pub struct RecordSql {
     pub next_consumer: &'static str,
     /// Records an operator's action ([`record_action`]).
     pub record_action: &'static str,
+    /// The actions on a message and on the gaps of its aggregate, in the order they were done
+    /// ([`history`]).
+    pub message_actions: &'static str,
+    /// Sets the outcome of a message's actions that have none yet ([`settle_actions`]).
+    pub settle_message_actions: &'static str,
+    /// The actions on a rejected delivery, in the order they were done ([`rejected_history`]).
+    pub rejected_actions: &'static str,
     /// Sets the outcome of a rejected delivery's actions that have none yet
     /// ([`resolve_rejected`], [`replay_rejected_requests`]).
     pub settle_rejected_actions: &'static str,
@@ -185,6 +192,112 @@ pub(crate) async fn record_action<DB: Backend>(
     Ok(())
 }
 
+/// An operator's action, as the history of what it was done to shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionRecord {
+    /// What was done.
+    pub action: ActionKind,
+    /// Who did it.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When, in RFC 3339, UTC.
+    pub at: String,
+    /// What came of it: recorded once known, or, for the last replay of a message, what its
+    /// message says so far; `None` while nothing is known.
+    pub outcome: Option<String>,
+    /// When the outcome was recorded, in RFC 3339, UTC; `None` for an outcome read off the
+    /// message as it stands.
+    pub outcome_at: Option<String>,
+}
+
+impl FromColumns for ActionRecord {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(ActionRecord {
+            action: named(row, 0, ActionKind::parse)?,
+            by: row.text(1)?,
+            reason: row.text(2)?,
+            at: row.text(3)?,
+            outcome: row.maybe_text(4)?,
+            outcome_at: row.maybe_text(5)?,
+        })
+    }
+}
+
+/// What operators did about `message` of `consumer`, and about the gaps of its aggregate, oldest
+/// first: every action is kept, a later one never erases an earlier one. A replay whose
+/// outcome is not recorded yet (the latest one) is given what its message says so far: waiting
+/// for the sweep, processed, failed again.
+pub async fn history<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    message: &StoredMessage,
+) -> Result<Vec<ActionRecord>, sqlx::Error> {
+    let params = [
+        Param::Text(consumer),
+        Param::Text(&message.handler),
+        Param::Text(&message.message_id),
+        Param::MaybeText(message.aggregate_id.as_deref()),
+    ];
+    let mut conn = pool.acquire().await?;
+    let statement = record_sql::<DB>().message_actions;
+    let mut actions = sql::fetch_all::<DB, ActionRecord>(&mut conn, statement, &params).await?;
+    let pending = |action: &&mut ActionRecord| {
+        action.action == ActionKind::Replay && action.outcome.is_none()
+    };
+    for action in actions.iter_mut().filter(pending) {
+        action.outcome = Some(outcome_so_far(message));
+    }
+    Ok(actions)
+}
+
+/// What operators did about rejected delivery `id`, oldest first.
+pub async fn rejected_history<DB: Backend>(
+    pool: &Pool<DB>,
+    id: i64,
+) -> Result<Vec<ActionRecord>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let statement = record_sql::<DB>().rejected_actions;
+    sql::fetch_all::<DB, ActionRecord>(&mut conn, statement, &[Param::Int(id)]).await
+}
+
+/// What came of a replay of `message`, as it stands now.
+fn outcome_so_far(message: &StoredMessage) -> String {
+    let error = message.error_text.as_deref().unwrap_or("no error recorded");
+    match message.status {
+        MessageStatus::Processed => "processed".to_owned(),
+        MessageStatus::Stale => "skipped as stale".to_owned(),
+        MessageStatus::Parked => "parked behind a gap".to_owned(),
+        MessageStatus::Discarded => "discarded".to_owned(),
+        MessageStatus::Failed if message.attempt_count == 0 => {
+            "waiting for the running consumer's next sweep".to_owned()
+        }
+        MessageStatus::Failed => format!(
+            "failed again (attempt {}), to be retried: {error}",
+            message.attempt_count
+        ),
+        MessageStatus::Dead => format!("failed again, dead: {error}"),
+    }
+}
+
+/// Records, in the transaction on `conn` that acts on message `key` again, what came of its
+/// earlier actions that have no outcome yet: what the message says as it stands, before the new
+/// action changes it.
+pub(crate) async fn settle_actions<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: &MessageKey<'_>,
+) -> Result<(), sqlx::Error> {
+    let Some(message) = show_on::<DB>(conn, key).await? else {
+        return Ok(());
+    };
+    let outcome = storable_text(&outcome_so_far(&message)).into_owned();
+    let [consumer, handler, message_id] = key_params(key);
+    let params = [Param::Text(&outcome), consumer, handler, message_id];
+    let statement = record_sql::<DB>().settle_message_actions;
+    sql::execute::<DB>(conn, statement, &params).await?;
+    Ok(())
+}
+
 /// Skips the gap in front of a stream's parked messages, in one transaction under the stream's
 /// lock: messages a gap timeout marked dead are parked again, and the stream moves to just before
 /// the lowest parked message (never backwards). With an `operator`, records who did it and why.
@@ -198,7 +311,9 @@ pub async fn open_gap<DB: Backend>(
     streams::skip_gap(&mut tx, stream, last).await?;
     if let Some(operator) = operator {
         let subject = Subject::Gap(*stream);
-        record_action::<DB>(&mut tx, &subject, ActionKind::SkipGap, operator, None).await?;
+        let outcome = format!("skipped after sequence {last}");
+        let skipped = Some(outcome.as_str());
+        record_action::<DB>(&mut tx, &subject, ActionKind::SkipGap, operator, skipped).await?;
     }
     tx.commit().await
 }
@@ -716,8 +831,15 @@ pub async fn show<DB: Backend>(
     key: &MessageKey<'_>,
 ) -> Result<Option<StoredMessage>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    sql::fetch_optional::<DB, StoredMessage>(&mut conn, DB::SQL.operators.show, &key_params(key))
-        .await
+    show_on::<DB>(&mut conn, key).await
+}
+
+/// One dedup row, as operators see it, read on `conn`.
+async fn show_on<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: &MessageKey<'_>,
+) -> Result<Option<StoredMessage>, sqlx::Error> {
+    sql::fetch_optional::<DB, StoredMessage>(conn, DB::SQL.operators.show, &key_params(key)).await
 }
 
 /// The dedup rows of `consumer` in `status`, by handler, aggregate and sequence.

@@ -102,6 +102,47 @@ macro_rules! kept_rejected {
 #[cfg(feature = "sqlite")]
 pub(super) use kept_rejected;
 
+/// The columns of an `ActionRecord`, with its times as given.
+macro_rules! select_actions {
+    ($performed_at:expr, $outcome_at:expr) => {
+        concat!(
+            "SELECT action, performed_by, reason, ",
+            $performed_at,
+            ", outcome, ",
+            $outcome_at,
+            " FROM inbox_actions "
+        )
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) use select_actions;
+
+/// The actions on a message (`$1` to `$3`) and on the gaps of its aggregate (`$4`), oldest
+/// first, with their times as given.
+macro_rules! message_actions {
+    ($performed_at:expr, $outcome_at:expr) => {
+        concat!(
+            select_actions!($performed_at, $outcome_at),
+            "WHERE consumer = $1 AND handler = $2 AND (message_id = $3 OR aggregate_id = $4) \
+             ORDER BY id"
+        )
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use message_actions;
+
+/// The actions on a rejected delivery (`$1`), oldest first, with their times as given.
+macro_rules! rejected_actions {
+    ($performed_at:expr, $outcome_at:expr) => {
+        concat!(
+            select_actions!($performed_at, $outcome_at),
+            "WHERE rejected_id = $1 ORDER BY id"
+        )
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use rejected_actions;
+
 /// One rejected delivery (`$1`), with `received_at` as given.
 macro_rules! rejected_by_id {
     ($received_at:expr) => {
@@ -393,6 +434,10 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     record_action: "INSERT INTO inbox_actions (consumer, handler, message_id, aggregate_id, rejected_id, \
         action, performed_by, reason, outcome, outcome_at) \
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN CURRENT_TIMESTAMP END)",
+    message_actions: message_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+    rejected_actions: rejected_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+    settle_message_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
+        WHERE consumer = $2 AND handler = $3 AND message_id = $4 AND outcome IS NULL",
     settle_rejected_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
         WHERE rejected_id = $2 AND outcome IS NULL",
     kept_rejected: kept_rejected!(rfc3339!("received_at")),

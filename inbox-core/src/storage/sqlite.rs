@@ -11,8 +11,9 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    self, first_of_aggregate, kept_rejected, overdue_gaps, parked_streams, rejected_by_id,
-    select_kept_rejected, select_outbox, select_stored,
+    self, first_of_aggregate, kept_rejected, message_actions, overdue_gaps, parked_streams,
+    rejected_actions, rejected_by_id, select_actions, select_kept_rejected, select_outbox,
+    select_stored,
 };
 use super::{
     Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Statements, StreamSql,
@@ -133,6 +134,8 @@ const SQL: Statements = Statements {
 pub(super) const RECORDS: RecordSql = RecordSql {
     kept_rejected: kept_rejected!(rfc3339!("received_at")),
     rejected_by_id: rejected_by_id!(rfc3339!("received_at")),
+    message_actions: message_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+    rejected_actions: rejected_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
     ..postgres::RECORDS
 };
 
