@@ -18,7 +18,8 @@ Exit codes:
   5  aborted at the confirmation prompt";
 
 /// Operate an inbox database: apply its schema, see what it holds, replay or discard dead
-/// letters, skip strict-ordering gaps, purge old dedup rows, and list or retry outbox messages.
+/// letters and rejected deliveries, see conflicts, skip strict-ordering gaps, purge old dedup
+/// rows, and list or retry outbox messages.
 #[derive(Debug, Parser)]
 #[command(name = "inbox", version, after_long_help = EXIT_CODES)]
 pub struct Cli {
@@ -73,6 +74,9 @@ pub enum DatabaseCommand {
     /// Rejected deliveries: ones that could not be handled at all (no handler for their type,
     /// a payload that does not decode, an unusable id), kept with their exact bytes.
     Rejected(RejectedArgs),
+    /// Conflicts: deliveries whose id was seen before with other content, kept (never applied)
+    /// with their payload next to the stored message.
+    Conflicts(ConflictsArgs),
     /// Messages parked by strict ordering, waiting for a predecessor.
     Parked(ParkedArgs),
     /// Strict-ordering gaps that will not fill.
@@ -265,6 +269,30 @@ pub enum RejectedCommand {
 pub struct RejectedId {
     /// Its number, as `inbox rejected list` shows it.
     pub id: i64,
+}
+
+/// `inbox conflicts ...`
+#[derive(Debug, Args)]
+pub struct ConflictsArgs {
+    /// The consumer group.
+    #[command(flatten)]
+    pub consumer: ConsumerArg,
+    /// What to do with conflicts.
+    #[command(subcommand)]
+    pub command: ConflictsCommand,
+}
+
+/// The conflict commands.
+#[derive(Debug, Subcommand)]
+pub enum ConflictsCommand {
+    /// List the conflicting deliveries waiting for an operator.
+    List,
+    /// Show one conflict: the conflicting delivery's payload and headers next to the stored
+    /// message's payload (while the inbox keeps it).
+    Show {
+        /// Its number, as `inbox conflicts list` shows it.
+        id: i64,
+    },
 }
 
 /// `inbox parked ...`

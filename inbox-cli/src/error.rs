@@ -141,6 +141,18 @@ pub enum CliError {
         consumer: Option<String>,
     },
 
+    /// No conflict has the number named (for the consumer named, if one was).
+    #[error(
+        "no conflict has number {id}{}: see `inbox conflicts list`",
+        .consumer.as_ref().map(|c| format!(" for consumer `{c}`")).unwrap_or_default()
+    )]
+    NoSuchConflict {
+        /// The number named.
+        id: i64,
+        /// The consumer named, if one was.
+        consumer: Option<String>,
+    },
+
     /// The rejected delivery named is not in a state the command acts on.
     #[error("rejected delivery {id} is {state}: {what}")]
     RejectedNotWaiting {
@@ -204,6 +216,7 @@ impl CliError {
             | Self::NotDead { .. }
             | Self::NoGap { .. }
             | Self::NoSuchRejected { .. }
+            | Self::NoSuchConflict { .. }
             | Self::RejectedNotWaiting { .. }
             | Self::NoFailedOutboxMessage(_) => exit::NOT_FOUND,
             Self::Inbox(inbox_core::Error::NotDead { .. }) => exit::NOT_FOUND,

@@ -3,6 +3,7 @@
 //! does not change with the core's types.
 
 mod actions;
+mod conflicts;
 mod messages;
 mod outbox;
 mod purge;
@@ -18,6 +19,7 @@ use serde::Serialize;
 use crate::error::CliError;
 
 pub use actions::{Action, GapSkipped, Migrated, Resolved, Schema};
+pub use conflicts::{ConflictDetail, ConflictList};
 pub use messages::{ListKind, MessageDetail, MessageList};
 pub use outbox::{OutboxList, OutboxRetried};
 pub use purge::{PurgeDone, PurgePlan, Window};

@@ -181,6 +181,7 @@ macro_rules! cli_suite {
 
             assert_eq!(status["handlers"], json!([]), "{status}");
             assert_eq!(status["rejected"], json!([]), "{status}");
+            assert_eq!(status["conflicts"], json!([]), "{status}");
             assert!(status["storage_bytes"].as_i64().is_some_and(|bytes| bytes > 0), "{status}");
             let pool = $connect(&url).await;
             let rows: i64 = sqlx::query_scalar(crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages")).fetch_one(&pool).await.unwrap();
@@ -370,10 +371,9 @@ macro_rules! cli_suite {
             let status = cli(&url, &["status", "--json"]).ok().json();
             assert_eq!(status["rejected"], json!([{"consumer": "shop", "deliveries": 2}]), "not handled yet: {status}");
 
-            // What the running consumer's sweep does (inbox-runtime calls this on every sweep).
+            // What the running consumer's sweep does.
             let inbox = Inbox::builder(pool.clone()).consumer("shop").handler(record_order).build().await.unwrap();
-            let dispatch = async |envelope: &Envelope| inbox.dispatch(envelope).await.map(drop);
-            let replayed = inbox::storage::operators::replay_rejected_requests(&pool, "shop", dispatch).await.unwrap();
+            let replayed = inbox.replay_requested().await.unwrap();
 
             assert_eq!(replayed, 1);
             assert_eq!(recorded(&pool).await, ["r-1"]);
@@ -399,6 +399,43 @@ macro_rules! cli_suite {
             assert_eq!(cli(&url, &["rejected", "list", "--json"]).ok().json(), json!([]));
             let none = cli(&url, &["rejected", "list"]).ok().stdout;
             assert!(none.starts_with("No rejected deliveries"), "{none}");
+        }
+
+        #[tokio::test]
+        async fn a_conflict_is_counted_in_status_listed_and_shown_next_to_the_stored_message() {
+            let Some((pool, url, inbox)) = with_dead_order("cli_conflicts").await else { return };
+            let resent = Envelope::new("test.order", "delivery-o-1-again", br#"{"id":"o-1","note":"resent"}"#.to_vec())
+                .with_header("correlation-id", "corr-again");
+            let handled = inbox.dispatch(&resent).await.unwrap();
+            assert_eq!(handled[0].outcome, Outcome::Conflict);
+
+            let status = cli(&url, &["status", "--json"]).ok().json();
+            assert_eq!(status["conflicts"], json!([{"consumer": "default", "handler": "record_order", "conflicts": 1}]), "{status}");
+            let text = cli(&url, &["status"]).ok().stdout;
+            assert!(text.contains("inbox conflicts list") && text.contains("record_order"), "{text}");
+            let listed = cli(&url, &["conflicts", "list", "--json"]).ok().json();
+            assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+            assert_eq!((&listed[0]["message_id"], &listed[0]["deliveries"]), (&json!("o-1"), &json!(1)), "{listed}");
+            assert!(crate::utc_time(listed[0]["last_seen_at"].as_str().unwrap()), "{listed}");
+            let id = listed[0]["id"].to_string();
+            let shown = cli(&url, &["conflicts", "show", &id, "--json"]).ok().json();
+            assert!(shown["payload"].as_str().unwrap().contains("resent"), "{shown}");
+            assert_eq!((&shown["stored"]["status"], &shown["stored"]["payload"]), (&json!("dead"), &json!(r#"{"id":"o-1"}"#)), "both payloads: {shown}");
+            assert_eq!(shown["headers"]["correlation-id"], json!("corr-again"), "{shown}");
+            let text = cli(&url, &["conflicts", "show", &id]).ok().stdout;
+            assert!(text.contains("resent") && text.contains(r#"{"id":"o-1"}"#), "{text}");
+
+            sqlx::query(crate::common::sql::<$db>("DELETE FROM broken")).execute(&pool).await.unwrap();
+            inbox.dispatch(&Envelope::encode("delivery-o-2", &Order { id: "o-2".into() }).unwrap()).await.unwrap();
+            let other = Envelope::new("test.order", "delivery-o-2-again", br#"{"id":"o-2","note":"other"}"#.to_vec());
+            inbox.dispatch(&other).await.unwrap();
+            let listed = cli(&url, &["conflicts", "list", "--json"]).ok().json();
+            let id = listed[1]["id"].to_string();
+            let text = cli(&url, &["conflicts", "show", &id]).ok().stdout;
+            assert!(text.contains("not kept: the stored message is `processed`"), "{text}");
+            cli(&url, &["conflicts", "show", "999999"]).failed(4, &["999999", "inbox conflicts list"]);
+            let none = cli(&url, &["conflicts", "list", "--consumer", "billing"]).ok().stdout;
+            assert!(none.contains("No conflicts for consumer `billing`"), "{none}");
         }
 
         #[tokio::test]
@@ -826,6 +863,7 @@ fn the_schema_is_printed_without_a_database() {
         assert!(
             stdout.contains("CREATE TABLE IF NOT EXISTS inbox_messages")
                 && stdout.contains("CREATE TABLE IF NOT EXISTS inbox_actions")
+                && stdout.contains("CREATE TABLE IF NOT EXISTS inbox_conflicts")
                 && stdout.contains(ddl),
             "{stdout}"
         );

@@ -57,7 +57,7 @@ pub struct Received<'a> {
 ///
 /// In one transaction:
 /// 1. claim the dedup row (a row already there is a `Duplicate`, or a `Conflict` if its payload
-///    hash differs; a failed message is retried only once its retry is due, else
+///    hash differs, the delivery then kept with its payload in `inbox_conflicts`; a failed message is retried only once its retry is due, else
 ///    [`Error::RetryNotDue`]);
 /// 2. if the handler names an aggregate, lock its stream row; with a sequence, skip the message as
 ///    `Stale` unless it is newer than the last applied one, and under strict ordering park it if it
@@ -261,7 +261,7 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
     let attempt = match claimed {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
-        Claimed::Seen(seen) => return Ok(Step::Undo(tx, seen_outcome(claim, &seen))),
+        Claimed::Seen(seen) => return seen_step(tx, claim, delivery, &seen).await,
     };
     tracing::Span::current().record("inbox.attempt", attempt);
     let position = match found.placed {
@@ -297,6 +297,25 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
         DB::dequeue(&mut tx, receipt).await?;
     }
     Ok(Step::Keep(tx, outcome))
+}
+
+/// What a delivery whose dedup row is there already comes to: nothing is written and its
+/// transaction is undone, except for a conflict (same id, other content), which is kept in the
+/// transaction, with the delivery's payload and headers, for an operator.
+async fn seen_step<'c, DB: Backend>(
+    mut tx: Transaction<'c, DB>,
+    claim: &Claim<'_>,
+    delivery: &Delivery<'_>,
+    seen: &Seen,
+) -> Result<Step<'c, DB>, Error> {
+    let outcome = seen_outcome(claim, seen);
+    if !matches!(outcome, Ok(Outcome::Conflict)) {
+        return Ok(Step::Undo(tx, outcome));
+    }
+    let headers = headers_json(delivery.headers);
+    let stored = &seen.payload_hash;
+    messages::keep_conflict(&mut tx, claim, stored, delivery.payload, &headers).await?;
+    Ok(Step::Keep(tx, Outcome::Conflict))
 }
 
 /// Now, in Unix epoch milliseconds, the clock retries are scheduled by.
@@ -415,9 +434,7 @@ async fn record_failure<DB: Backend, C: Connect<DB> + ?Sized>(
     let recorded = async {
         let mut tx = connection.begin().await?;
         let Some(failed) = messages::record_failure(&mut tx, claim, failure).await? else {
-            let seen = messages::seen(&mut tx, &key).await?;
-            tx.rollback().await?;
-            return Ok(Recorded::Superseded(seen));
+            return Ok(Recorded::Superseded(superseded(tx, claim, failure).await?));
         };
         let retry_after = match error.is_permanent() {
             true => None,
@@ -453,6 +470,29 @@ async fn record_failure<DB: Backend, C: Connect<DB> + ?Sized>(
             Err(Error::Database(database))
         }
     }
+}
+
+/// Ends the transaction of a failure that could not be recorded: its row was settled meanwhile,
+/// or holds another content of the same id, and then the failed delivery is kept as a conflict.
+/// Returns the row as it is.
+async fn superseded<DB: Backend>(
+    mut tx: Transaction<'_, DB>,
+    claim: &Claim<'_>,
+    failure: &Failure<'_>,
+) -> Result<Option<Seen>, sqlx::Error> {
+    let seen = messages::seen(&mut tx, &claim.key()).await?;
+    match seen
+        .as_ref()
+        .filter(|seen| seen.payload_hash != claim.payload_hash)
+    {
+        Some(other) => {
+            let (payload, headers) = (failure.payload, failure.headers);
+            messages::keep_conflict(&mut tx, claim, &other.payload_hash, payload, headers).await?;
+            tx.commit().await?;
+        }
+        None => tx.rollback().await?,
+    }
+    Ok(seen)
 }
 
 /// What recording a failure found.
@@ -580,8 +620,8 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     format!("handler panicked: {text}")
 }
 
-/// The outcome of a message seen before: a `Conflict` if its content differs (logged, never
-/// applied), `Dead` if it was given up on, [`Error::RetryNotDue`] if it failed and its retry is
+/// The outcome of a message seen before: a `Conflict` if its content differs (logged, kept for an
+/// operator by the caller, never applied), `Dead` if it was given up on, [`Error::RetryNotDue`] if it failed and its retry is
 /// not due yet, else a `Duplicate`.
 fn seen_outcome(claim: &Claim<'_>, seen: &Seen) -> Result<Outcome, Error> {
     if seen.payload_hash != claim.payload_hash {

@@ -14,7 +14,8 @@ pub enum Outcome {
     /// recorded and skipped.
     Stale,
     /// A message with this id was seen before with a different payload; nothing ran. Such a
-    /// delivery is never applied silently.
+    /// delivery is never applied silently: it is kept, with its payload and headers, next to the
+    /// stored message, for an operator (`inbox conflicts list`).
     Conflict,
     /// Strict ordering: the message is ahead of its aggregate's next sequence. It was stored with
     /// its payload and applies when its predecessor has; the delivery can be acknowledged.

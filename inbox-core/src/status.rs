@@ -13,6 +13,9 @@ pub struct Status {
     pub handlers: Vec<HandlerStatus>,
     /// Per consumer: rejected deliveries waiting for an operator.
     pub rejected: Vec<(String, i64)>,
+    /// Per consumer and handler: conflicting deliveries (an id seen before with other content)
+    /// waiting for an operator.
+    pub conflicts: Vec<(String, String, i64)>,
     /// The space the inbox takes, in bytes (PostgreSQL: its tables with their indexes; SQLite:
     /// the whole database file).
     pub storage_bytes: i64,
@@ -24,6 +27,7 @@ pub async fn status<DB: Backend>(pool: &Pool<DB>) -> Result<Status, Error> {
     Ok(Status {
         handlers: operators::status(pool).await?,
         rejected: operators::rejected_counts(pool).await?,
+        conflicts: operators::conflict_counts(pool).await?,
         storage_bytes: operators::storage_bytes(pool).await?,
     })
 }

@@ -1,6 +1,7 @@
 //! The commands, written once for every backend: [`execute`] connects to the database the URL
 //! names and hands its pool to [`run`], which is generic over [`Backend`].
 
+mod conflicts;
 mod dead;
 mod gap;
 mod outbox;
@@ -64,6 +65,7 @@ async fn dispatch<DB: Backend>(
         DatabaseCommand::Dead(args) => dead::run(pool, args, out).await,
         DatabaseCommand::Parked(args) => parked::run(pool, args, out).await,
         DatabaseCommand::Rejected(args) => rejected::run(pool, args, out).await,
+        DatabaseCommand::Conflicts(args) => conflicts::run(pool, args, out).await,
         DatabaseCommand::Gap(args) => gap::run(pool, args, out).await,
         DatabaseCommand::Purge(args) => purge::run(pool, args, out).await,
         DatabaseCommand::Outbox(command) => outbox::run(pool, command, out).await,

@@ -1,5 +1,5 @@
-//! `inbox status`: counts by status per handler, rejected deliveries, the outbox backlog,
-//! storage.
+//! `inbox status`: counts by status per handler, rejected deliveries, conflicts, the outbox
+//! backlog, storage.
 
 use inbox_core::outbox::OutboxBacklog;
 use serde::Serialize;
@@ -13,6 +13,9 @@ pub struct StatusView {
     handlers: Vec<HandlerView>,
     /// Per consumer: rejected deliveries waiting for an operator.
     rejected: Vec<RejectedView>,
+    /// Per consumer and handler: conflicting deliveries (an id seen before with other content)
+    /// waiting for an operator.
+    conflicts: Vec<ConflictsView>,
     /// What the outbox has not published.
     outbox: BacklogView,
     /// The space the inbox takes.
@@ -38,6 +41,14 @@ struct HandlerView {
 struct RejectedView {
     consumer: String,
     deliveries: i64,
+}
+
+/// The conflicting deliveries of one handler of one consumer.
+#[derive(Debug, Serialize)]
+struct ConflictsView {
+    consumer: String,
+    handler: String,
+    conflicts: i64,
 }
 
 /// What the outbox has not published: pending and failed messages, and how old the oldest is.
@@ -93,9 +104,18 @@ impl StatusView {
                 consumer,
                 deliveries,
             });
+        let conflicts = status
+            .conflicts
+            .into_iter()
+            .map(|(consumer, handler, conflicts)| ConflictsView {
+                consumer,
+                handler,
+                conflicts,
+            });
         Self {
             handlers: handlers.collect(),
             rejected: rejected.collect(),
+            conflicts: conflicts.collect(),
             outbox: BacklogView::new(backlog, now_ms),
             storage_bytes: status.storage_bytes,
         }
@@ -115,6 +135,19 @@ impl Render for StatusView {
                 .map(|rejected| vec![rejected.consumer.clone(), rejected.deliveries.to_string()]);
             text += "\n\nRejected deliveries waiting for an operator:\n";
             text += &table(&["CONSUMER", "DELIVERIES"], rows);
+        }
+        if !self.conflicts.is_empty() {
+            let rows = self.conflicts.iter().map(|conflicts| {
+                let ConflictsView {
+                    consumer,
+                    handler,
+                    conflicts,
+                } = conflicts;
+                vec![consumer.clone(), handler.clone(), conflicts.to_string()]
+            });
+            text += "\n\nConflicts (an id seen before with other content) waiting for an \
+                     operator: see `inbox conflicts list`\n";
+            text += &table(&["CONSUMER", "HANDLER", "CONFLICTS"], rows);
         }
         format!(
             "{text}\n\n{}\n\nStorage: {}",

@@ -1,5 +1,6 @@
 //! Dedup rows, as the guard reads and writes them on every message: the claim, failures and their
-//! retries, settling, burying, operators' replays and discards, and rejected deliveries.
+//! retries, settling, burying, operators' replays and discards, conflicting deliveries, and
+//! rejected deliveries.
 
 use sqlx::{Pool, Transaction};
 
@@ -327,6 +328,32 @@ pub async fn resolve<DB: Backend>(
         message_id,
     ];
     Ok(sql::execute::<DB>(sql::conn(tx), statement, &params).await? == 1)
+}
+
+/// Keeps, in `tx`, a delivery of `claim` whose content differs from the message stored under
+/// its id (whose hash is `stored_hash`): with its payload and headers, for an operator. A content
+/// kept already counts one more delivery.
+pub async fn keep_conflict<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+    stored_hash: &[u8],
+    payload: &[u8],
+    headers: &str,
+) -> Result<(), sqlx::Error> {
+    let [consumer, handler, message_id] = key_params(&claim.key());
+    let params = [
+        consumer,
+        handler,
+        message_id,
+        Param::Text(claim.message_type),
+        Param::Bytes(claim.payload_hash),
+        Param::Bytes(stored_hash),
+        Param::Bytes(payload),
+        Param::Text(headers),
+    ];
+    let statement = super::operators::record_sql::<DB>().keep_conflict;
+    sql::execute::<DB>(sql::conn(tx), statement, &params).await?;
+    Ok(())
 }
 
 /// Keeps a delivery that could not be handled at all, with its exact bytes and the reason;

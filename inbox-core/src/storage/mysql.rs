@@ -24,7 +24,7 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_actions,
+    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_actions, select_conflicts,
     select_kept_rejected, select_outbox, select_stored,
 };
 use super::{
@@ -174,7 +174,8 @@ const SQL: Statements = Statements {
             FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler",
         storage_bytes: "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
             FROM information_schema.tables WHERE table_schema = DATABASE() \
-            AND table_name IN ('inbox_messages', 'inbox_streams', 'inbox_rejected')",
+            AND table_name IN ('inbox_messages', 'inbox_streams', 'inbox_rejected', 'inbox_actions', \
+            'inbox_conflicts')",
     },
     purge: PurgeSql {
         preview: "SELECT \
@@ -235,9 +236,9 @@ const SQL: Statements = Statements {
             ORDER BY published_at_ms LIMIT ?",
     },
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome \
+        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
         FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
-        inbox_actions a WHERE 1 = 0",
+        inbox_actions a, inbox_conflicts c WHERE 1 = 0",
 };
 
 /// MySQL's statements on what is kept for operators.
@@ -254,6 +255,19 @@ pub(super) const RECORDS: RecordSql = RecordSql {
         select_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
         "WHERE rejected_id = ? ORDER BY id"
     ),
+    keep_conflict: "INSERT INTO inbox_conflicts (consumer, handler, message_id, message_type, \
+        payload_hash, stored_payload_hash, payload, headers) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
+        ON DUPLICATE KEY UPDATE deliveries = deliveries + 1, last_seen_at = CURRENT_TIMESTAMP(6)",
+    conflicts: concat!(
+        select_conflicts!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
+        "WHERE (? OR consumer = ?) AND resolution IS NULL ORDER BY id"
+    ),
+    conflict: concat!(
+        select_conflicts!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
+        "WHERE id = ?"
+    ),
+    conflict_counts: "SELECT consumer, handler, COUNT(*) FROM inbox_conflicts WHERE resolution IS NULL \
+        GROUP BY consumer, handler ORDER BY consumer, handler",
     settle_message_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \
         WHERE consumer = ? AND handler = ? AND message_id = ? AND outcome IS NULL",
     settle_rejected_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \
@@ -306,6 +320,7 @@ impl Backend for MySql {
             include_str!("../../migrations/mysql/0001_inbox.sql"),
             include_str!("../../migrations/mysql/0002_outbox.sql"),
             include_str!("../../migrations/mysql/0003_actions.sql"),
+            include_str!("../../migrations/mysql/0004_conflicts.sql"),
         )
     }
 }

@@ -33,6 +33,15 @@ pub struct RecordSql {
     pub settle_message_actions: &'static str,
     /// The actions on a rejected delivery, in the order they were done ([`rejected_history`]).
     pub rejected_actions: &'static str,
+    /// Keeps a conflicting delivery, or counts one more delivery of a content kept already
+    /// ([`super::messages::keep_conflict`]).
+    pub keep_conflict: &'static str,
+    /// The conflicts waiting for an operator, of every consumer or of one ([`conflicts`]).
+    pub conflicts: &'static str,
+    /// One conflict, whatever its state ([`conflict`]).
+    pub conflict: &'static str,
+    /// The conflicts waiting for an operator, per consumer and handler ([`conflict_counts`]).
+    pub conflict_counts: &'static str,
     /// Sets the outcome of a rejected delivery's actions that have none yet
     /// ([`resolve_rejected`], [`replay_rejected_requests`]).
     pub settle_rejected_actions: &'static str,
@@ -483,6 +492,55 @@ impl FromColumns for KeptRejected {
     }
 }
 
+/// A delivery whose id was seen before with other content, kept (never applied) next to the
+/// message stored under that id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// Its number, for operators.
+    pub id: i64,
+    /// The consumer group.
+    pub consumer: String,
+    /// The handler whose dedup row it conflicts with.
+    pub handler: String,
+    /// The id it shares with the stored message.
+    pub message_id: String,
+    /// The type tag it came with.
+    pub message_type: String,
+    /// The hash of its content.
+    pub payload_hash: Vec<u8>,
+    /// The hash of the stored message's content, when the conflict was seen.
+    pub stored_payload_hash: Vec<u8>,
+    /// The payload, exactly as delivered.
+    pub payload: Vec<u8>,
+    /// The delivery's headers, as a JSON object.
+    pub headers: String,
+    /// How many times this content was delivered.
+    pub deliveries: i64,
+    /// When it was first delivered, in RFC 3339, UTC.
+    pub first_seen_at: String,
+    /// When it was last delivered, in RFC 3339, UTC.
+    pub last_seen_at: String,
+}
+
+impl FromColumns for Conflict {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(Conflict {
+            id: row.int(0)?,
+            consumer: row.text(1)?,
+            handler: row.text(2)?,
+            message_id: row.text(3)?,
+            message_type: row.text(4)?,
+            payload_hash: row.maybe_bytes(5)?.unwrap_or_default(),
+            stored_payload_hash: row.maybe_bytes(6)?.unwrap_or_default(),
+            payload: row.maybe_bytes(7)?.unwrap_or_default(),
+            headers: row.text(8)?,
+            deliveries: row.int(9)?,
+            first_seen_at: row.text(10)?,
+            last_seen_at: row.text(11)?,
+        })
+    }
+}
+
 /// A dedup row as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
@@ -684,12 +742,7 @@ pub async fn kept_rejected<DB: Backend>(
     pool: &Pool<DB>,
     consumer: Option<&str>,
 ) -> Result<Vec<KeptRejected>, sqlx::Error> {
-    let params = [
-        Param::Flag(consumer.is_none()),
-        Param::Text(consumer.unwrap_or_default()),
-    ];
-    let mut conn = pool.acquire().await?;
-    sql::fetch_all::<DB, KeptRejected>(&mut conn, record_sql::<DB>().kept_rejected, &params).await
+    of_consumer(pool, record_sql::<DB>().kept_rejected, consumer).await
 }
 
 /// Rejected delivery `id`, whatever its state.
@@ -697,9 +750,32 @@ pub async fn rejected_by_id<DB: Backend>(
     pool: &Pool<DB>,
     id: i64,
 ) -> Result<Option<KeptRejected>, sqlx::Error> {
+    numbered(pool, record_sql::<DB>().rejected_by_id, id).await
+}
+
+/// The rows `statement` reads for `consumer`, or (`None`) for every consumer: it takes a flag
+/// "every consumer", then the consumer.
+async fn of_consumer<DB: Backend, T: FromColumns>(
+    pool: &Pool<DB>,
+    statement: &'static str,
+    consumer: Option<&str>,
+) -> Result<Vec<T>, sqlx::Error> {
+    let params = [
+        Param::Flag(consumer.is_none()),
+        Param::Text(consumer.unwrap_or_default()),
+    ];
     let mut conn = pool.acquire().await?;
-    let statement = record_sql::<DB>().rejected_by_id;
-    sql::fetch_optional::<DB, KeptRejected>(&mut conn, statement, &[Param::Int(id)]).await
+    sql::fetch_all::<DB, T>(&mut conn, statement, &params).await
+}
+
+/// The row `statement` reads by its number, `id`.
+async fn numbered<DB: Backend, T: FromColumns>(
+    pool: &Pool<DB>,
+    statement: &'static str,
+    id: i64,
+) -> Result<Option<T>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_optional::<DB, T>(&mut conn, statement, &[Param::Int(id)]).await
 }
 
 /// Asks for rejected delivery `id` of `consumer`, waiting for an operator, to be dispatched
@@ -748,11 +824,14 @@ pub async fn request_rejected_replay<DB: Backend>(
 /// - a transient error (the database): nothing is recorded, and the next sweep tries again;
 /// - any other error (no handler for its type yet, a payload that does not decode): it is
 ///   rejected again, back in the list with the new reason, and its action says so.
-pub async fn replay_rejected_requests<DB: Backend>(
+pub async fn replay_rejected_requests<DB: Backend, F>(
     pool: &Pool<DB>,
     consumer: &str,
-    dispatch: impl AsyncFn(&Envelope) -> Result<(), Error>,
-) -> Result<u32, sqlx::Error> {
+    dispatch: impl Fn(Envelope) -> F,
+) -> Result<u32, sqlx::Error>
+where
+    F: Future<Output = Result<(), Error>> + Send,
+{
     let mut conn = pool.acquire().await?;
     let params = [Param::Text(consumer)];
     let statement = record_sql::<DB>().rejected_replays;
@@ -761,7 +840,7 @@ pub async fn replay_rejected_requests<DB: Backend>(
     let mut replayed = 0;
     for delivery in requested {
         let dispatched = match delivery.envelope() {
-            Ok(envelope) => dispatch(&envelope).await,
+            Ok(envelope) => dispatch(envelope).await,
             Err(error) => Err(Error::Decode {
                 message_type: delivery.message_type.clone(),
                 reason: format!("stored headers: {error}"),
@@ -911,6 +990,31 @@ pub async fn consumers<DB: Backend>(pool: &Pool<DB>) -> Result<Vec<String>, sqlx
             None => return Ok(consumers),
         }
     }
+}
+
+/// The conflicting deliveries waiting for an operator, of `consumer` or (`None`) of every
+/// consumer, oldest first.
+pub async fn conflicts<DB: Backend>(
+    pool: &Pool<DB>,
+    consumer: Option<&str>,
+) -> Result<Vec<Conflict>, sqlx::Error> {
+    of_consumer(pool, record_sql::<DB>().conflicts, consumer).await
+}
+
+/// Conflict `id`, whatever its state.
+pub async fn conflict<DB: Backend>(
+    pool: &Pool<DB>,
+    id: i64,
+) -> Result<Option<Conflict>, sqlx::Error> {
+    numbered(pool, record_sql::<DB>().conflict, id).await
+}
+
+/// `(consumer, handler, conflicts)` of the conflicting deliveries waiting for an operator.
+pub async fn conflict_counts<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sql::fetch_all::<DB, _>(&mut conn, record_sql::<DB>().conflict_counts, &[]).await
 }
 
 /// The space the inbox takes, in bytes (PostgreSQL, MySQL: its tables with their indexes;

@@ -143,6 +143,47 @@ macro_rules! rejected_actions {
 #[cfg(feature = "sqlite")]
 pub(super) use rejected_actions;
 
+/// The columns of a `Conflict`, with its times as given.
+macro_rules! select_conflicts {
+    ($first_seen_at:expr, $last_seen_at:expr) => {
+        concat!(
+            "SELECT id, consumer, handler, message_id, message_type, payload_hash, \
+             stored_payload_hash, payload, headers, deliveries, ",
+            $first_seen_at,
+            ", ",
+            $last_seen_at,
+            " FROM inbox_conflicts "
+        )
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) use select_conflicts;
+
+/// The conflicts waiting for an operator, of every consumer (`$1`) or of one (`$2`), with their
+/// times as given.
+macro_rules! open_conflicts {
+    ($first_seen_at:expr, $last_seen_at:expr) => {
+        concat!(
+            select_conflicts!($first_seen_at, $last_seen_at),
+            "WHERE ($1 OR consumer = $2) AND resolution IS NULL ORDER BY id"
+        )
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use open_conflicts;
+
+/// One conflict (`$1`), with its times as given.
+macro_rules! conflict_by_id {
+    ($first_seen_at:expr, $last_seen_at:expr) => {
+        concat!(
+            select_conflicts!($first_seen_at, $last_seen_at),
+            "WHERE id = $1"
+        )
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use conflict_by_id;
+
 /// One rejected delivery (`$1`), with `received_at` as given.
 macro_rules! rejected_by_id {
     ($received_at:expr) => {
@@ -341,7 +382,8 @@ pub(super) const SQL: Statements = Statements {
             MAX(CASE WHEN status = 'parked' THEN EXTRACT(EPOCH FROM now() - received_at)::float8 END) \
             FROM inbox_messages GROUP BY consumer, handler ORDER BY consumer, handler",
         storage_bytes: "SELECT (pg_total_relation_size('inbox_messages') + pg_total_relation_size('inbox_streams') \
-            + pg_total_relation_size('inbox_rejected'))::int8",
+            + pg_total_relation_size('inbox_rejected') + pg_total_relation_size('inbox_actions') \
+            + pg_total_relation_size('inbox_conflicts'))::int8",
     },
     purge: PurgeSql {
         preview: "SELECT \
@@ -423,9 +465,9 @@ pub(super) const SQL: Statements = Statements {
             WHERE status = 'published' AND published_at_ms < $1 ORDER BY published_at_ms LIMIT $2)",
     },
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome \
+        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
         FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
-        inbox_actions a WHERE 1 = 0",
+        inbox_actions a, inbox_conflicts c WHERE 1 = 0",
 };
 
 /// PostgreSQL's statements on what is kept for operators.
@@ -436,6 +478,14 @@ pub(super) const RECORDS: RecordSql = RecordSql {
         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $10 THEN CURRENT_TIMESTAMP END)",
     message_actions: message_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
     rejected_actions: rejected_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+    keep_conflict: "INSERT INTO inbox_conflicts (consumer, handler, message_id, message_type, \
+        payload_hash, stored_payload_hash, payload, headers) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+        ON CONFLICT (consumer, handler, message_id, payload_hash) \
+        DO UPDATE SET deliveries = inbox_conflicts.deliveries + 1, last_seen_at = CURRENT_TIMESTAMP",
+    conflicts: open_conflicts!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
+    conflict: conflict_by_id!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
+    conflict_counts: "SELECT consumer, handler, COUNT(*) FROM inbox_conflicts WHERE resolution IS NULL \
+        GROUP BY consumer, handler ORDER BY consumer, handler",
     settle_message_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
         WHERE consumer = $2 AND handler = $3 AND message_id = $4 AND outcome IS NULL",
     settle_rejected_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
@@ -511,6 +561,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0006_outbox.sql"),
             include_str!("../../migrations/postgres/0007_queue.sql"),
             include_str!("../../migrations/postgres/0008_actions.sql"),
+            include_str!("../../migrations/postgres/0009_conflicts.sql"),
         )
     }
 }

@@ -11,9 +11,9 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    self, first_of_aggregate, kept_rejected, message_actions, overdue_gaps, parked_streams,
-    rejected_actions, rejected_by_id, select_actions, select_kept_rejected, select_outbox,
-    select_stored,
+    self, conflict_by_id, first_of_aggregate, kept_rejected, message_actions, open_conflicts,
+    overdue_gaps, parked_streams, rejected_actions, rejected_by_id, select_actions,
+    select_conflicts, select_kept_rejected, select_outbox, select_stored,
 };
 use super::{
     Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Statements, StreamSql,
@@ -136,6 +136,8 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     rejected_by_id: rejected_by_id!(rfc3339!("received_at")),
     message_actions: message_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
     rejected_actions: rejected_actions!(rfc3339!("performed_at"), rfc3339!("outcome_at")),
+    conflicts: open_conflicts!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
+    conflict: conflict_by_id!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
     ..postgres::RECORDS
 };
 
@@ -171,6 +173,7 @@ impl Backend for Sqlite {
             include_str!("../../migrations/sqlite/0005_retries.sql"),
             include_str!("../../migrations/sqlite/0006_outbox.sql"),
             include_str!("../../migrations/sqlite/0007_actions.sql"),
+            include_str!("../../migrations/sqlite/0008_conflicts.sql"),
         )
     }
 }
