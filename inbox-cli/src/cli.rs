@@ -289,10 +289,24 @@ pub enum ConflictsCommand {
     List,
     /// Show one conflict: the conflicting delivery's payload and headers next to the stored
     /// message's payload (while the inbox keeps it).
-    Show {
-        /// Its number, as `inbox conflicts list` shows it.
-        id: i64,
+    Show(ConflictId),
+    /// Give up on a conflict: it is kept, with who and why, but no longer listed or counted
+    /// (later deliveries of the same content are counted on it).
+    Discard {
+        /// The conflict named.
+        #[command(flatten)]
+        conflict: ConflictId,
+        /// Who discards it, and why.
+        #[command(flatten)]
+        decision: DiscardDecision,
     },
+}
+
+/// One conflict.
+#[derive(Debug, Args)]
+pub struct ConflictId {
+    /// Its number, as `inbox conflicts list` shows it.
+    pub id: i64,
 }
 
 /// `inbox parked ...`

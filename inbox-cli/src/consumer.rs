@@ -88,6 +88,15 @@ pub async fn gather<DB: Backend, T>(
     Ok((rows, searched))
 }
 
+/// `found`, if it is of the consumer `named` (or none was named); `consumer` says whose it is.
+pub fn theirs<T>(
+    found: Option<T>,
+    named: Option<&str>,
+    consumer: impl Fn(&T) -> &str,
+) -> Option<T> {
+    found.filter(|found| named.is_none_or(|named| named == consumer(found)))
+}
+
 /// Which consumer holds what a command names, as `holds` finds it.
 #[derive(Debug)]
 pub enum Holder {

@@ -153,6 +153,10 @@ pub enum CliError {
         consumer: Option<String>,
     },
 
+    /// The conflict named was resolved already.
+    #[error("conflict {0} is resolved already: see `inbox conflicts list`")]
+    ConflictResolved(i64),
+
     /// The rejected delivery named is not in a state the command acts on.
     #[error("rejected delivery {id} is {state}: {what}")]
     RejectedNotWaiting {
@@ -217,6 +221,7 @@ impl CliError {
             | Self::NoGap { .. }
             | Self::NoSuchRejected { .. }
             | Self::NoSuchConflict { .. }
+            | Self::ConflictResolved(_)
             | Self::RejectedNotWaiting { .. }
             | Self::NoFailedOutboxMessage(_) => exit::NOT_FOUND,
             Self::Inbox(inbox_core::Error::NotDead { .. }) => exit::NOT_FOUND,

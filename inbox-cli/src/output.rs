@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::error::CliError;
 
 pub use actions::{Action, GapSkipped, Migrated, Resolved, Schema};
-pub use conflicts::{ConflictDetail, ConflictList};
+pub use conflicts::{ConflictDetail, ConflictDiscarded, ConflictList};
 pub use messages::{ListKind, MessageDetail, MessageList};
 pub use outbox::{OutboxList, OutboxRetried};
 pub use purge::{PurgeDone, PurgePlan, Window};

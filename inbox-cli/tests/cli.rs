@@ -436,6 +436,17 @@ macro_rules! cli_suite {
             cli(&url, &["conflicts", "show", "999999"]).failed(4, &["999999", "inbox conflicts list"]);
             let none = cli(&url, &["conflicts", "list", "--consumer", "billing"]).ok().stdout;
             assert!(none.contains("No conflicts for consumer `billing`"), "{none}");
+
+            let first = listed[0]["id"].to_string();
+            let discard = ["conflicts", "discard", &first, "--reason", "the publisher resent with a new field"];
+            cli(&url, &discard).failed(5, &["aborted"]);
+            cli(&url, &[&discard[..], &["--yes"]].concat()).ok();
+
+            let listed = cli(&url, &["conflicts", "list", "--json"]).ok().json();
+            assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+            let shown = cli(&url, &["conflicts", "show", &first, "--json"]).ok().json();
+            assert_eq!((&shown["resolution"], &shown["resolved_by"]), (&json!("discarded"), &json!("tester")), "{shown}");
+            cli(&url, &[&discard[..], &["--yes"]].concat()).failed(4, &["resolved already"]);
         }
 
         #[tokio::test]

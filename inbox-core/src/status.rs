@@ -11,7 +11,8 @@ use crate::storage::{Backend, operators};
 pub struct Status {
     /// Per consumer and handler: rows by status and the oldest parked message.
     pub handlers: Vec<HandlerStatus>,
-    /// Per consumer: rejected deliveries waiting for an operator.
+    /// Per consumer: rejected deliveries not resolved yet (waiting for an operator, or for the
+    /// running consumer to replay them).
     pub rejected: Vec<(String, i64)>,
     /// Per consumer and handler: conflicting deliveries (an id seen before with other content)
     /// waiting for an operator.

@@ -55,8 +55,8 @@ async fn find<DB: Backend>(
     id: i64,
 ) -> Result<KeptRejected, CliError> {
     let kept = operators::rejected_by_id(pool, id).await?;
-    let theirs = |kept: &KeptRejected| named.as_ref().is_none_or(|named| *named == kept.consumer);
-    kept.filter(theirs).ok_or(CliError::NoSuchRejected {
+    let kept = consumer::theirs(kept, named.as_deref(), |kept| kept.consumer.as_str());
+    kept.ok_or(CliError::NoSuchRejected {
         id,
         consumer: named,
     })

@@ -2,7 +2,7 @@
 //! next to the message stored under its id.
 
 use inbox_core::StoredMessage;
-use inbox_core::storage::operators::Conflict;
+use inbox_core::storage::operators::{Conflict, Operator};
 use serde::Serialize;
 
 use super::{Render, cell, headers_text, table};
@@ -109,6 +109,10 @@ pub struct ConflictDetail {
     payload: String,
     /// The message stored under the id (`None`: purged since).
     stored: Option<StoredView>,
+    /// What an operator decided (`discarded`), who and why; `None` while it waits for one.
+    resolution: Option<String>,
+    resolved_by: Option<String>,
+    resolved_reason: Option<String>,
 }
 
 /// The message stored under a conflict's id.
@@ -131,11 +135,15 @@ impl ConflictDetail {
             received_at: message.received_at,
             payload: message.payload.map(|payload| text(&payload)),
         });
+        let resolved = conflict.resolution.clone();
         Self {
             summary: ConflictSummary::new(&conflict),
             headers,
             payload: text(&conflict.payload),
             stored,
+            resolution: resolved.as_ref().map(|r| r.resolution.clone()),
+            resolved_by: resolved.as_ref().map(|r| r.by.clone()),
+            resolved_reason: resolved.map(|r| r.reason),
         }
     }
 }
@@ -161,6 +169,9 @@ impl Render for ConflictDetail {
                 "stored status",
                 self.stored.as_ref().map(|s| s.status.clone()),
             ),
+            ("resolution", self.resolution.clone()),
+            ("resolved by", self.resolved_by.clone()),
+            ("reason given", self.resolved_reason.clone()),
         ];
         let rows = fields
             .into_iter()
@@ -192,5 +203,39 @@ impl ConflictDetail {
                  while its message is parked, failed, dead or discarded)"
             ),
         }
+    }
+}
+
+/// An operator gave up on a conflict.
+#[derive(Debug, Serialize)]
+pub struct ConflictDiscarded {
+    /// Always `discarded`.
+    action: &'static str,
+    id: i64,
+    consumer: String,
+    by: String,
+    reason: String,
+}
+
+impl ConflictDiscarded {
+    /// `operator` gave up on `conflict`.
+    pub fn new(conflict: &Conflict, operator: Operator<'_>) -> Self {
+        Self {
+            action: "discarded",
+            id: conflict.id,
+            consumer: conflict.consumer.clone(),
+            by: operator.by.to_owned(),
+            reason: operator.reason.to_owned(),
+        }
+    }
+}
+
+impl Render for ConflictDiscarded {
+    fn human(&self) -> String {
+        format!(
+            "Discarded conflict {} (consumer `{}`) by {}: it is kept, with the reason, but no \
+             longer listed.",
+            self.id, self.consumer, self.by
+        )
     }
 }

@@ -11,7 +11,8 @@ use super::{Render, age, cell, size, table};
 pub struct StatusView {
     /// Per consumer and handler.
     handlers: Vec<HandlerView>,
-    /// Per consumer: rejected deliveries waiting for an operator.
+    /// Per consumer: rejected deliveries not resolved yet (waiting for an operator, or for the
+    /// running consumer to replay them).
     rejected: Vec<RejectedView>,
     /// Per consumer and handler: conflicting deliveries (an id seen before with other content)
     /// waiting for an operator.
@@ -133,7 +134,7 @@ impl Render for StatusView {
                 .rejected
                 .iter()
                 .map(|rejected| vec![rejected.consumer.clone(), rejected.deliveries.to_string()]);
-            text += "\n\nRejected deliveries waiting for an operator:\n";
+            text += "\n\nRejected deliveries not resolved yet: see `inbox rejected list`\n";
             text += &table(&["CONSUMER", "DELIVERIES"], rows);
         }
         if !self.conflicts.is_empty() {

@@ -268,6 +268,8 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     ),
     conflict_counts: "SELECT consumer, handler, COUNT(*) FROM inbox_conflicts WHERE resolution IS NULL \
         GROUP BY consumer, handler ORDER BY consumer, handler",
+    discard_conflict: "UPDATE inbox_conflicts SET resolution = 'discarded', resolved_by = ?, \
+        resolved_reason = ?, resolved_at = CURRENT_TIMESTAMP(6) WHERE id = ? AND resolution IS NULL",
     settle_message_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \
         WHERE consumer = ? AND handler = ? AND message_id = ? AND outcome IS NULL",
     settle_rejected_actions: "UPDATE inbox_actions SET outcome = ?, outcome_at = CURRENT_TIMESTAMP(6) \

@@ -42,6 +42,8 @@ pub struct RecordSql {
     pub conflict: &'static str,
     /// The conflicts waiting for an operator, per consumer and handler ([`conflict_counts`]).
     pub conflict_counts: &'static str,
+    /// An operator's discard of a conflict waiting for one ([`discard_conflict`]).
+    pub discard_conflict: &'static str,
     /// Sets the outcome of a rejected delivery's actions that have none yet
     /// ([`resolve_rejected`], [`replay_rejected_requests`]).
     pub settle_rejected_actions: &'static str,
@@ -520,6 +522,19 @@ pub struct Conflict {
     pub first_seen_at: String,
     /// When it was last delivered, in RFC 3339, UTC.
     pub last_seen_at: String,
+    /// What an operator did about it (`discarded`), who and why; `None` while it waits for one.
+    pub resolution: Option<Resolved>,
+}
+
+/// What an operator decided about something the inbox kept, who, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The decision, as stored.
+    pub resolution: String,
+    /// Who decided.
+    pub by: String,
+    /// Why.
+    pub reason: String,
 }
 
 impl FromColumns for Conflict {
@@ -537,6 +552,14 @@ impl FromColumns for Conflict {
             deliveries: row.int(9)?,
             first_seen_at: row.text(10)?,
             last_seen_at: row.text(11)?,
+            resolution: match row.maybe_text(12)? {
+                Some(resolution) => Some(Resolved {
+                    resolution,
+                    by: row.maybe_text(13)?.unwrap_or_default(),
+                    reason: row.maybe_text(14)?.unwrap_or_default(),
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -1007,6 +1030,21 @@ pub async fn conflict<DB: Backend>(
     id: i64,
 ) -> Result<Option<Conflict>, sqlx::Error> {
     numbered(pool, record_sql::<DB>().conflict, id).await
+}
+
+/// Records that an operator gave up on conflict `id` (it is kept, with who and why, but no
+/// longer listed); a later delivery of the same content is counted on it, and stays resolved.
+/// Returns `false` if no conflict `id` waits for an operator.
+pub async fn discard_conflict<DB: Backend>(
+    pool: &Pool<DB>,
+    id: i64,
+    operator: Operator<'_>,
+) -> Result<bool, sqlx::Error> {
+    let (by, reason) = (storable_text(operator.by), storable_text(operator.reason));
+    let params = [Param::Text(&by), Param::Text(&reason), Param::Int(id)];
+    let mut conn = pool.acquire().await?;
+    let statement = record_sql::<DB>().discard_conflict;
+    Ok(sql::execute::<DB>(&mut conn, statement, &params).await? == 1)
 }
 
 /// `(consumer, handler, conflicts)` of the conflicting deliveries waiting for an operator.

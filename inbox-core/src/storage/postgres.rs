@@ -152,7 +152,7 @@ macro_rules! select_conflicts {
             $first_seen_at,
             ", ",
             $last_seen_at,
-            " FROM inbox_conflicts "
+            ", resolution, resolved_by, resolved_reason FROM inbox_conflicts "
         )
     };
 }
@@ -486,6 +486,8 @@ pub(super) const RECORDS: RecordSql = RecordSql {
     conflict: conflict_by_id!(rfc3339!("first_seen_at"), rfc3339!("last_seen_at")),
     conflict_counts: "SELECT consumer, handler, COUNT(*) FROM inbox_conflicts WHERE resolution IS NULL \
         GROUP BY consumer, handler ORDER BY consumer, handler",
+    discard_conflict: "UPDATE inbox_conflicts SET resolution = 'discarded', resolved_by = $1, \
+        resolved_reason = $2, resolved_at = CURRENT_TIMESTAMP WHERE id = $3 AND resolution IS NULL",
     settle_message_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
         WHERE consumer = $2 AND handler = $3 AND message_id = $4 AND outcome IS NULL",
     settle_rejected_actions: "UPDATE inbox_actions SET outcome = $1, outcome_at = CURRENT_TIMESTAMP \
