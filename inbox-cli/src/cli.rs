@@ -64,7 +64,8 @@ pub enum Command {
 pub enum DatabaseCommand {
     /// Apply the inbox schema (idempotent; creates a SQLite file if it does not exist).
     Migrate,
-    /// Counts by status per consumer and handler, rejected deliveries, and storage size.
+    /// Counts by status per consumer and handler, rejected deliveries, conflicts, the outbox
+    /// backlog and storage size.
     Status,
     /// Everything stored about one message, whatever its status: its payload and headers,
     /// errors, and what operators did about it.

@@ -1,7 +1,8 @@
 //! `inbox`: the operator's command for an inbox database. It applies the schema, shows what
-//! the inbox holds, replays or discards dead letters, skips strict-ordering gaps, purges old
-//! dedup rows and lists or retries outbox messages, on PostgreSQL, MySQL or SQLite, as tables or
-//! as JSON (`--json`).
+//! the inbox holds, replays or discards dead letters and rejected deliveries, shows and discards
+//! conflicts, skips strict-ordering gaps, purges old dedup rows and lists or retries outbox
+//! messages, on PostgreSQL, MySQL or SQLite, as tables or as JSON (`--json`). What an operator
+//! does is kept, with who, why and what came of it.
 //!
 //! Replays and skipped gaps are requests: the running consumer, which owns the handler code,
 //! carries them out on its next sweep.
