@@ -187,18 +187,7 @@ impl<DB: Backend> Inbox<DB> {
     /// is recorded, see [`Error::Handler`]), and redelivering the envelope retries the failed
     /// handlers while the others report [`Outcome::Duplicate`].
     pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
-        let mut results = Vec::new();
-        let mut connection = self.shared.pool.clone();
-        for job in self.shared.prepare(envelope)? {
-            results.push(self.shared.execute(&mut connection, job, envelope).await);
-        }
-        if results
-            .iter()
-            .any(|r| matches!(r, Ok(h) if h.outcome == Outcome::Processed))
-        {
-            self.shared.record_lag(envelope);
-        }
-        results.into_iter().collect()
+        self.shared.dispatch(envelope).await
     }
 
     /// Releases, for every strict handler, the parked messages whose predecessor has applied: what
@@ -211,8 +200,9 @@ impl<DB: Backend> Inbox<DB> {
     /// Retries, from the store, the failed messages whose retry is due: the dead messages whose
     /// replay an operator requested from outside this process (`inbox dead replay`,
     /// [`request_replay`](inbox_core::request_replay)), and every failure whose backoff has passed, whether or not
-    /// the broker redelivers it. [`Inbox::run`] does this on every sweep. Returns how many were
-    /// processed.
+    /// the broker redelivers it; then dispatches the rejected deliveries whose replay an operator
+    /// requested (`inbox rejected replay`). [`Inbox::run`] does this on every sweep. Returns how
+    /// many were processed.
     pub async fn replay_requested(&self) -> Result<u32, Error> {
         self.shared.retry_due().await
     }
@@ -447,7 +437,26 @@ impl<DB: Backend> Shared<DB> {
             let retry = self.retry.of(route.name());
             processed += route.retry_due(&self.pool, &self.consumer, retry).await?;
         }
+        let dispatch = |envelope: Envelope| async move { self.dispatch(&envelope).await.map(drop) };
+        processed +=
+            operators::replay_rejected_requests(&self.pool, &self.consumer, dispatch).await?;
         Ok(processed)
+    }
+
+    /// Runs every handler of `envelope`'s type (see [`Inbox::dispatch`]).
+    pub(crate) async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
+        let mut results = Vec::new();
+        let mut connection = self.pool.clone();
+        for job in self.prepare(envelope)? {
+            results.push(self.execute(&mut connection, job, envelope).await);
+        }
+        if results
+            .iter()
+            .any(|r| matches!(r, Ok(h) if h.outcome == Outcome::Processed))
+        {
+            self.record_lag(envelope);
+        }
+        results.into_iter().collect()
     }
 
     /// Sets `inbox_parked_messages` and `inbox_dead_letters` for every handler of this inbox.
