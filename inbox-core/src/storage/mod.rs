@@ -146,6 +146,8 @@ pub struct Statements {
     /// A batch's claims and stream advances, many rows a statement; `None` where a statement
     /// cannot say which rows it wrote (MySQL): a batch there claims one message at a time.
     pub batch: Option<BatchSql>,
+    /// What is kept for operators: consumers, operators' actions, conflicts.
+    pub records: operators::RecordSql,
     /// The schema check.
     pub check_schema: &'static str,
 }

@@ -235,6 +235,7 @@ const SQL: Statements = Statements {
         purge: "DELETE FROM inbox_outbox WHERE status = 'published' AND published_at_ms < ? \
             ORDER BY published_at_ms LIMIT ?",
     },
+    records: RECORDS,
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
         s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
         FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \

@@ -5,21 +5,16 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-#[cfg(feature = "mysql")]
-use super::mysql;
-use super::postgres;
 use super::sql::{self, Columns, FromColumns, Param, named};
-#[cfg(feature = "sqlite")]
-use super::sqlite;
 use super::{Backend, key_params, streams};
 use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::keys::{DeadReason, Headers, MessageKey, MessageStatus, Resolution, Stream};
 use crate::text::storable_text;
 
-/// The statements on what the inbox keeps for operators beyond [`super::Statements`], per
-/// database: the consumers there are, operators' actions, and conflicting deliveries. Each
-/// database's value is in its module, next to its [`super::Statements`].
+/// The statements on what the inbox keeps for operators beyond [`OperatorSql`](super::OperatorSql):
+/// the consumers there are, operators' actions, and conflicting deliveries
+/// ([`Statements::records`](super::Statements::records)).
 #[derive(Debug, Clone, Copy)]
 pub struct RecordSql {
     /// The smallest consumer greater than a given one; `NULL` after the last ([`consumers`]).
@@ -66,14 +61,8 @@ pub struct RecordSql {
 }
 
 /// The [`RecordSql`] of `DB`.
-pub(crate) fn record_sql<DB: Backend>() -> &'static RecordSql {
-    match DB::NAME {
-        #[cfg(feature = "mysql")]
-        <sqlx::MySql as sqlx::Database>::NAME => &mysql::RECORDS,
-        #[cfg(feature = "sqlite")]
-        <sqlx::Sqlite as sqlx::Database>::NAME => &sqlite::RECORDS,
-        _ => &postgres::RECORDS,
-    }
+pub(crate) fn record_sql<DB: Backend>() -> RecordSql {
+    DB::SQL.records
 }
 
 /// What an operator can do to what the inbox keeps, as recorded in `inbox_actions`.

@@ -464,6 +464,7 @@ pub(super) const SQL: Statements = Statements {
         purge: "DELETE FROM inbox_outbox WHERE position IN (SELECT position FROM inbox_outbox \
             WHERE status = 'published' AND published_at_ms < $1 ORDER BY published_at_ms LIMIT $2)",
     },
+    records: RECORDS,
     check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
         s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
         FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \

@@ -127,6 +127,7 @@ const SQL: Statements = Statements {
         ),
         ..postgres::SQL.outbox
     },
+    records: RECORDS,
     ..postgres::SQL
 };
 
