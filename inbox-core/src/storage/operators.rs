@@ -19,12 +19,12 @@ use crate::text::storable_text;
 pub struct RecordSql {
     /// The smallest consumer greater than a given one; `NULL` after the last ([`consumers`]).
     pub next_consumer: &'static str,
-    /// Records an operator's action ([`record_action`]).
+    /// Records an operator's action (`record_action`).
     pub record_action: &'static str,
     /// The actions on a message and on the gaps of its aggregate, in the order they were done
     /// ([`history`]).
     pub message_actions: &'static str,
-    /// Sets the outcome of a message's actions that have none yet ([`settle_actions`]).
+    /// Sets the outcome of a message's actions that have none yet (`settle_actions`).
     pub settle_message_actions: &'static str,
     /// The actions on a rejected delivery, in the order they were done ([`rejected_history`]).
     pub rejected_actions: &'static str,
@@ -322,7 +322,8 @@ pub async fn open_gap<DB: Backend>(
 ///
 /// ```
 /// use std::time::Duration;
-/// use inbox_core::DeadLetterFilter;
+/// # use inbox_core as inbox;
+/// use inbox::DeadLetterFilter;
 ///
 /// let recent_billing = DeadLetterFilter::default()
 ///     .handler("mark_paid")
@@ -363,7 +364,8 @@ impl DeadLetterFilter {
     /// aggregate, sequence, id), so that pages do not load every dead letter with its payload.
     ///
     /// ```
-    /// use inbox_core::DeadLetterFilter;
+    /// # use inbox_core as inbox;
+    /// use inbox::DeadLetterFilter;
     ///
     /// let second_page = DeadLetterFilter::default().limit(100).offset(100);
     /// # let _ = second_page;

@@ -184,8 +184,9 @@ impl Backend for Sqlite {
 /// so concurrent writers wait instead of failing, and the file created if missing.
 ///
 /// ```
+/// # use inbox_core as inbox;
 /// # async fn demo() -> Result<(), sqlx::Error> {
-/// let pool = sqlx::SqlitePool::connect_with(inbox_core::sqlite_options("sqlite://app.db")?).await?;
+/// let pool = sqlx::SqlitePool::connect_with(inbox::sqlite_options("sqlite://app.db")?).await?;
 /// # Ok(()) }
 /// ```
 pub fn sqlite_options(url: &str) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
