@@ -72,6 +72,12 @@ macro_rules! hardening_suite {
                 "permanent-at-2" if payment.seq == 2 => {
                     return Err(HandlerError::permanent(HandlerError::msg("sequence 2 is refused")))
                 }
+                "swallow" => {
+                    // Goes on from a failed statement (its id is taken), as if it had worked.
+                    let taken = sqlx::query($crate::common::sql::<$db>("INSERT INTO once (id) VALUES ('taken')"));
+                    let _ = taken.execute(&mut **ctx).await;
+                    return Ok(());
+                }
                 "crash-at-2" if payment.seq == 2 => {
                     let blocked: i64 = sqlx::query_scalar($crate::common::sql::<$db>("SELECT COUNT(*) FROM blocked")).fetch_one(&mut **ctx).await?;
                     if blocked > 0 {
@@ -518,6 +524,67 @@ mod postgres_batched {
         crate::common::postgres,
         Some(inbox::Batch::new(8))
     );
+
+    /// A batch checks once, before it commits, that no handler left its transaction aborted
+    /// (PostgreSQL would turn the `COMMIT` into a silent rollback); until then, the statements of
+    /// the handlers after such a one are refused (`25P02`), which is not their failure. Either
+    /// way each message of the batch goes in a transaction of its own, where the handler that
+    /// went on from its failed statement is found out and only its message fails.
+    #[tokio::test]
+    async fn a_handler_that_leaves_a_batch_aborted_fails_alone() {
+        let Some(pool) = database("aborted_batch").await else {
+            return;
+        };
+        sqlx::query("INSERT INTO once (id) VALUES ('taken')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let broker = MemoryBroker::new();
+        // Batches of two: the first ends with the handler that swallowed its error, the second
+        // goes on after it.
+        let kinds = [
+            ("p-1", "ok"),
+            ("p-2", "swallow"),
+            ("p-3", "swallow"),
+            ("p-4", "ok"),
+        ];
+        for (id, kind) in kinds {
+            broker.publish(envelope(id, &payment(id, "o-1", 1, kind)));
+        }
+        broker.close();
+        let pairs = inbox::Batch::new(2).linger(Duration::from_millis(300));
+        let inbox = builder(&pool)
+            .batch(pairs)
+            .workers(1)
+            .retry(RetryPolicy::new(1));
+        let inbox = inbox.handler(pay).build().await.unwrap();
+
+        let report = inbox.run(broker.source()).await.unwrap();
+
+        assert_eq!(
+            applied(&pool, "payments").await,
+            ["p-1", "p-4"],
+            "{report:?}"
+        );
+        for (id, status) in [
+            ("p-1", "processed"),
+            ("p-2", "dead"),
+            ("p-3", "dead"),
+            ("p-4", "processed"),
+        ] {
+            let stored = row(&pool, "payments", id).await.unwrap().0;
+            assert_eq!(stored, status, "{id}: {report:?}");
+        }
+        let error: String =
+            sqlx::query_scalar("SELECT error_text FROM inbox_messages WHERE message_id = 'p-2'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert!(
+            error.contains("savepoint"),
+            "the error says what to do: {error}"
+        );
+    }
 }
 
 mod postgres {

@@ -4,7 +4,8 @@
 //! The statements that do not need the handler run once for the whole batch ([`Batch::claim`]):
 //! one claims every message's dedup row, one reads the rows that were there already (the
 //! duplicates cost nothing more), and one advances every stream under monotonic ordering (the
-//! stale cost one write to be marked so). What is left per message is its handler. Where the
+//! stale cost one write to be marked so). What is left per message is its handler: the check
+//! that no handler left the transaction aborted (PostgreSQL) runs once, before the commit. Where the
 //! database has no such statements (MySQL), or for a message the bulk claim could not decide (a
 //! retry that is due, strict ordering, a second message of one stream), the message is claimed
 //! and placed on its own, inside the same transaction.
@@ -13,8 +14,10 @@
 //! undoing. When a handler fails, the whole transaction is rolled back and the batch is
 //! [`Abandoned::Failed`]: the caller records that message's failure ([`conclude`], its
 //! handler is not run again for this attempt) and guards the others again, in a new batch. When
-//! the database refuses a statement or the commit, the batch is [`Abandoned::Refused`] and each of
-//! its messages goes in a transaction of its own. So one message's failure neither commits nor
+//! the database refuses a statement or the commit, or a handler left the transaction aborted
+//! (found by the check before the commit, or by the next statement, refused with an error that
+//! says so), the batch is [`Abandoned::Refused`] and each of its messages goes in a transaction
+//! of its own, where the handler that left its transaction aborted is found out. So one message's failure neither commits nor
 //! loses the others' work, and a batch costs no statement per message beyond the per-message
 //! ones (a savepoint per message would cost two more round trips, and on PostgreSQL more than 64
 //! written savepoints in one transaction overflow its subtransaction cache). The price: when a
@@ -28,13 +31,13 @@ use tracing::{Instrument, Span};
 
 use crate::connection::Connect;
 use crate::error::{Error, HandlerError};
-use crate::guard::{self, Delivery, Found, Guarded, Position, Received, Step};
+use crate::guard::{self, Delivery, Found, Guarded, OpenCheck, Position, Received, Step};
 use crate::handler::Handler;
 use crate::keys::{Claim, Ordering};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
-use crate::storage::messages::Claimed;
+use crate::storage::messages::{self, Claimed};
 use crate::storage::{Backend, bulk};
 
 /// An open batch: one transaction that guarded messages join until it commits.
@@ -229,18 +232,28 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             return Err(Abandoned::Refused);
         }
         let claim = guard::claim_of(handler, &delivery, &ticket.payload_hash);
-        let attempt = guard::attempt(self.tx, handler, message, &delivery, &claim, ticket.found);
+        let found = ticket.found;
+        let check = OpenCheck::BeforeCommit;
+        let attempt = guard::attempt(self.tx, handler, message, &delivery, &claim, found, check);
         let (tx, guarded) = match attempt.instrument(span.clone()).await {
             Ok(Step::Keep(tx, outcome)) => (tx, Ok(outcome)),
             Ok(Step::Undo(tx, seen)) => (tx, seen),
-            Ok(Step::Failed(error)) => return Err(Abandoned::Failed(error)),
+            Ok(Step::Failed(error)) => return Err(abandoned_by(error)),
             Err(_) => return Err(Abandoned::Refused),
         };
         Ok((Self { tx }, Staged { span, guarded }))
     }
 
-    /// Commits every message the batch kept.
-    pub async fn commit(self) -> Result<(), Abandoned> {
+    /// Commits every message the batch kept, once it made sure that no handler left the
+    /// transaction aborted (which would turn the commit into a silent rollback).
+    pub async fn commit(mut self) -> Result<(), Abandoned> {
+        if let Err(error) = messages::check_open(&mut self.tx).await {
+            tracing::warn!(
+                %error,
+                "a handler of a batch left its transaction aborted; its messages go one by one"
+            );
+            return Err(Abandoned::Refused);
+        }
         self.tx.commit().await.map_err(|error| {
             tracing::warn!(%error, "a batch could not commit; its messages go one by one");
             Abandoned::Refused
@@ -252,6 +265,17 @@ impl<'c, DB: Backend> Batch<'c, DB> {
 fn claim_of<'a>(consumer: &'a str, entry: &Entry<'a>, payload_hash: &'a [u8]) -> Claim<'a> {
     let identity = entry.received.identity;
     guard::claim_for(consumer, entry.claimant, identity, payload_hash)
+}
+
+/// What a handler's failure does to its batch: it is that message's failure, unless the
+/// handler's statement was refused because an earlier handler of the batch had left the
+/// transaction aborted; then each message goes in a transaction of its own, where the handler
+/// that went on from its failed statement is found out.
+fn abandoned_by(error: HandlerError) -> Abandoned {
+    match messages::refused_as_aborted(error.get_ref()) {
+        true => Abandoned::Refused,
+        false => Abandoned::Failed(error),
+    }
 }
 
 /// A bulk statement the database refused: the batch is rolled back.

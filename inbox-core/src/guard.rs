@@ -161,7 +161,17 @@ async fn guard<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     let payload_hash = content_hash(delivery.payload);
     let claim = claim_of(handler, delivery, &payload_hash);
     let tx = connection.begin().await?;
-    let failed = match attempt(tx, handler, message, delivery, &claim, Found::default()).await? {
+    let found = Found::default();
+    let attempted = attempt(
+        tx,
+        handler,
+        message,
+        delivery,
+        &claim,
+        found,
+        OpenCheck::AfterHandler,
+    );
+    let failed = match attempted.await? {
         Step::Keep(tx, outcome) => {
             tx.commit().await?;
             return Ok(outcome);
@@ -232,6 +242,17 @@ pub(crate) struct Found {
     pub(crate) placed: Option<Position>,
 }
 
+/// When the guard makes sure that a handler that returned `Ok` left its transaction able to
+/// commit ([`messages::check_open`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenCheck {
+    /// Right after the handler: a message in a transaction of its own.
+    AfterHandler,
+    /// Once, before the transaction commits: a batch's. Until then, the next statement in an
+    /// aborted transaction fails, with an error that says so ([`messages::refused_as_aborted`]).
+    BeforeCommit,
+}
+
 /// What one attempt at a message left in its transaction.
 pub(crate) enum Step<'c, DB: Backend> {
     /// Its writes are done: commit them, with this outcome.
@@ -253,6 +274,7 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
     delivery: &Delivery<'c>,
     claim: &Claim<'_>,
     found: Found,
+    check: OpenCheck,
 ) -> Result<Step<'c, DB>, Error> {
     let claimed = match found.claimed {
         Some(claimed) => claimed,
@@ -285,6 +307,7 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
                 headers: delivery.headers,
                 number: attempt,
                 timeout: delivery.retry.timeout(),
+                check,
             };
             match run_handler(tx, handler, &attempted, message).await {
                 Ok(done) => tx = done,
@@ -553,11 +576,12 @@ struct Attempt<'a> {
     headers: Option<&'a Headers>,
     number: u32,
     timeout: Duration,
+    check: OpenCheck,
 }
 
 /// Runs the handler inside `tx`. An error, a panic, running past the attempt's timeout, or
-/// leaving the transaction aborted (a failed statement the handler went on from) rolls back and
-/// returns the error.
+/// leaving the transaction aborted (a failed statement the handler went on from; checked here
+/// unless the attempt's check is before its batch commits) rolls back and returns the error.
 async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
     tx: Transaction<'c, DB>,
     handler: &H,
@@ -588,7 +612,10 @@ async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
         .record(started.elapsed().as_secs_f64());
     let mut tx = ctx.into_transaction();
     let handled = match handled {
-        Ok(()) => messages::check_open(&mut tx).await.map_err(aborted),
+        Ok(()) if attempt.check == OpenCheck::AfterHandler => {
+            messages::check_open(&mut tx).await.map_err(aborted)
+        }
+        Ok(()) => Ok(()),
         Err(error) => Err(error),
     };
     match handled {
@@ -760,6 +787,7 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
         headers: Some(&headers),
         number: 1,
         timeout: retry.timeout(),
+        check: OpenCheck::AfterHandler,
     };
     match run_handler(tx, handler, &attempt, message).await {
         Ok(mut tx) => {

@@ -254,6 +254,24 @@ pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(),
     Ok(())
 }
 
+/// Whether `error`, or an error it was caused by, is a statement refused because an earlier
+/// statement had already aborted the transaction (PostgreSQL's SQLSTATE `25P02`): the failure of
+/// whoever went on from that earlier statement, not of the one that got this error.
+pub fn refused_as_aborted(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        let code = match error.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(database)) => database.code(),
+            _ => None,
+        };
+        if code.as_deref() == Some("25P02") {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 /// Marks a `failed` (or `parked`) message dead, keeping its payload for an operator; `reason`, if
 /// given, replaces its last error and says it is [`DeadReason::Undecodable`], else it
 /// [`DeadReason::GaveUp`].
