@@ -314,7 +314,9 @@ pub async fn eventually(what: &str, done: impl Fn() -> bool) {
 }
 
 /// Runs `inbox` over `source` on a runtime of its own, and shuts that runtime down once `kill`
-/// completes (it runs there too): every task stops where it is, as in a process killed.
+/// completes (it runs there too): every task stops where it is, as in a process killed. Returns
+/// once the runtime is gone, so nothing of the killed run (a connection it was opening for the
+/// pool it shares with the test, say) is still going when the test goes on.
 #[allow(dead_code)]
 pub fn run_then_kill<DB: inbox::Backend, S: inbox::Source + Send + 'static>(
     inbox: inbox::Inbox<DB>,
@@ -329,7 +331,7 @@ pub fn run_then_kill<DB: inbox::Backend, S: inbox::Source + Send + 'static>(
             .expect("a runtime");
         runtime.spawn(async move { inbox.run(source).await });
         runtime.block_on(kill);
-        runtime.shutdown_background();
+        runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     })
     .join()
     .expect("the killed run's thread");
