@@ -10,7 +10,9 @@ use std::time::Duration;
 /// one statement each, then runs each new message's handler. A handler's failure rolls the batch
 /// back: that failure is recorded (its handler does not run again for the attempt) and the other
 /// messages go in a new batch; a statement the database refuses sends each message to a
-/// transaction of its own. So one message's failure neither commits nor loses the others' work.
+/// transaction of its own, as does a batch in which a handler went on from a failed statement
+/// and left the transaction aborted (PostgreSQL; checked once, before the commit). So one
+/// message's failure neither commits nor loses the others' work.
 /// Duplicates and stale messages in a batch cost no handler call, as always.
 ///
 /// ```
