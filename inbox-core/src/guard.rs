@@ -57,8 +57,8 @@ pub struct Received<'a> {
 ///
 /// In one transaction:
 /// 1. claim the dedup row (a row already there is a `Duplicate`, or a `Conflict` if its payload
-///    hash differs, the delivery then kept with its payload in `inbox_conflicts`; a failed message is retried only once its retry is due, else
-///    [`Error::RetryNotDue`]);
+///    hash differs, the delivery then kept with its payload in `inbox_conflicts`; a failed
+///    message is retried only once its retry is due, else [`Error::RetryNotDue`]);
 /// 2. if the handler names an aggregate, lock its stream row; with a sequence, skip the message as
 ///    `Stale` unless it is newer than the last applied one, and under strict ordering park it if it
 ///    is ahead of the next one;
@@ -648,8 +648,8 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 }
 
 /// The outcome of a message seen before: a `Conflict` if its content differs (logged, kept for an
-/// operator by the caller, never applied), `Dead` if it was given up on, [`Error::RetryNotDue`] if it failed and its retry is
-/// not due yet, else a `Duplicate`.
+/// operator by the caller, never applied), `Dead` if it was given up on, [`Error::RetryNotDue`]
+/// if it failed and its retry is not due yet, else a `Duplicate`.
 fn seen_outcome(claim: &Claim<'_>, seen: &Seen) -> Result<Outcome, Error> {
     if seen.payload_hash != claim.payload_hash {
         tracing::warn!(

@@ -27,6 +27,7 @@ use super::postgres::{
     first_of_aggregate, overdue_gaps, parked_streams, releasable, select_actions, select_conflicts,
     select_kept_rejected, select_outbox, select_stored,
 };
+use super::schema;
 use super::{
     Backend, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
 };
@@ -236,10 +237,7 @@ const SQL: Statements = Statements {
             ORDER BY published_at_ms LIMIT ?",
     },
     records: RECORDS,
-    check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
-        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
-        inbox_actions a, inbox_conflicts c WHERE 1 = 0",
+    check_schema: schema::CHECK_SCHEMA,
 };
 
 /// MySQL's statements on what is kept for operators.

@@ -12,6 +12,7 @@ use sqlx::migrate::Migrator;
 #[cfg(feature = "postgres")]
 use super::Backend;
 use super::operators::RecordSql;
+use super::schema;
 use super::{
     BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
 };
@@ -465,10 +466,7 @@ pub(super) const SQL: Statements = Statements {
             WHERE status = 'published' AND published_at_ms < $1 ORDER BY published_at_ms LIMIT $2)",
     },
     records: RECORDS,
-    check_schema: "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-        s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
-        FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
-        inbox_actions a, inbox_conflicts c WHERE 1 = 0",
+    check_schema: schema::CHECK_SCHEMA,
 };
 
 /// PostgreSQL's statements on what is kept for operators.
