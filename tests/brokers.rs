@@ -56,6 +56,11 @@ trait TestBroker: Sized + Send + Sync {
     async fn new(test: &str) -> Option<Self>;
     /// A consumer in the test's one consumer group.
     async fn source(&self) -> Self::Source;
+    /// A consumer in the test's group on connections of its own, as in another process: for a
+    /// run that is killed.
+    async fn source_of_its_own(&self) -> Self::Source {
+        self.source().await
+    }
     async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError>;
     /// The publisher the outbox relay publishes through.
     async fn sink(&self) -> Self::Sink;
@@ -713,6 +718,14 @@ mod postgres_queue_broker {
             source.await.expect("build the source")
         }
 
+        async fn source_of_its_own(&self) -> Self::Source {
+            let options = (*self.pool.connect_options()).clone();
+            let pool = sqlx::PgPool::connect_with(options).await.expect("connect");
+            let consumer = PgQueueSource::builder(&pool, &self.queue);
+            let source = consumer.visibility_timeout(Self::REDELIVERY).build();
+            source.await.expect("build the source")
+        }
+
         async fn patient_source(&self) -> Self::Source {
             let source = self.consumer(Duration::from_secs(60)).build();
             source.await.expect("build the source")
@@ -1041,20 +1054,23 @@ mod suite {
             .publish(&envelope(&Credited::new(event_id.clone(), "acct", 1, 5)))
             .await
             .expect("publish");
-        let inbox = Inbox::builder(pool.clone())
-            .handler(stall_once)
-            .build()
-            .await
-            .unwrap();
+        let stalling = async |pool: Pool| {
+            let inbox = Inbox::builder(pool).handler(stall_once).build();
+            inbox.await.expect("build the inbox")
+        };
 
         // The run is killed while the handler is in flight.
-        let stalled = event_id.clone();
-        common::run_then_kill(inbox.clone(), broker.source().await, async move {
-            while !STALLED.lock().unwrap().contains(&stalled) {
+        let killed = async || {
+            let inbox = stalling(second_pool(&pool).await).await;
+            (inbox, broker.source_of_its_own().await)
+        };
+        common::run_then_kill(killed, async {
+            while !STALLED.lock().unwrap().contains(&event_id) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         });
 
+        let inbox = stalling(pool.clone()).await;
         let report = run_until_applied(&inbox, &pool, broker.source().await, 1).await;
 
         assert_eq!(

@@ -126,18 +126,18 @@ async fn a_consumer_killed_mid_batch_commits_nothing_past_unsettled_work_and_los
         .map(|n| Credited::new(format!("e-{n}"), format!("acct-{n}"), 1, 1))
         .collect();
     topic.publish(&events).await;
-    let inbox = Inbox::builder(pool.clone())
-        .handler(stall_e5)
-        .build()
-        .await
-        .unwrap();
+    let stalling = async |pool: Pool| {
+        let inbox = Inbox::builder(pool).handler(stall_e5).build();
+        inbox.await.expect("build the inbox")
+    };
 
     // The run is killed while e-5 is in flight and everything after it is done and settled,
     // past several commit intervals.
-    let counted = pool.clone();
-    common::run_then_kill(inbox.clone(), topic.source(), async move {
+    let killed = async || (stalling(second_pool(&pool).await).await, topic.source());
+    common::run_then_kill(killed, async {
+        let watching = second_pool(&pool).await;
         common::eventually_async("the other 19 applied", || async {
-            count(&counted, "applied").await == 19
+            count(&watching, "applied").await == 19
         })
         .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -148,6 +148,7 @@ async fn a_consumer_killed_mid_batch_commits_nothing_past_unsettled_work_and_los
         committed.is_none_or(|offset| offset <= 5),
         "the group committed {committed:?}, past e-5 (offset 5), which was never handled"
     );
+    let inbox = stalling(pool.clone()).await;
     let report = run_until_applied(&inbox, &pool, topic.source(), 20).await;
     assert_eq!(count(&pool, "applied").await, 20, "{report:?}");
     for n in 0..20 {

@@ -176,7 +176,6 @@ async fn two_consumers_take_an_aggregates_messages_in_the_order_they_were_enqueu
             })
         })
         .collect();
-    enqueue_all(&pool, "ledger", &events).await;
     let other = second_pool(&pool).await;
     let build = |pool: &Pool| {
         Inbox::builder(pool.clone())
@@ -189,9 +188,24 @@ async fn two_consumers_take_an_aggregates_messages_in_the_order_they_were_enqueu
     let claiming = |pool: &Pool| PgQueueSource::builder(pool, "ledger").count(4).build();
     let total = accounts * per_account;
 
-    let (first, second) = tokio::join!(
-        run_until_applied(&one, &pool, claiming(&pool).await.unwrap(), total),
-        run_until_applied(&two, &other, claiming(&other).await.unwrap(), total),
+    let (source_one, source_two) = (claiming(&pool).await, claiming(&other).await);
+
+    // Enqueued while both consumers run, a transaction per round of sequences, so that both
+    // are woken to take what comes while an aggregate's later messages wait behind it.
+    let enqueue_rounds = async {
+        for round in events.chunks(accounts as usize) {
+            let mut tx = pool.begin().await.expect("begin");
+            for event in round {
+                let enqueued = enqueue(&mut *tx, "ledger", &envelope(event)).await;
+                enqueued.expect("enqueue");
+            }
+            tx.commit().await.expect("commit");
+        }
+    };
+    let (first, second, ()) = tokio::join!(
+        run_until_applied(&one, &pool, source_one.unwrap(), total),
+        run_until_applied(&two, &other, source_two.unwrap(), total),
+        enqueue_rounds,
     );
 
     // A message handled before its predecessor would make the predecessor stale (monotonic).

@@ -313,26 +313,32 @@ pub async fn eventually(what: &str, done: impl Fn() -> bool) {
     eventually_async(what, || std::future::ready(done())).await
 }
 
-/// Runs `inbox` over `source` on a runtime of its own, and shuts that runtime down once `kill`
-/// completes (it runs there too): every task stops where it is, as in a process killed. Returns
-/// once the runtime is gone, so nothing of the killed run (a connection it was opening for the
-/// pool it shares with the test, say) is still going when the test goes on.
+/// Starts a run with `start` on a runtime of its own, and shuts that runtime down once `kill`
+/// completes (it runs there too): every task stops where it is, as in a process killed. `start`
+/// gives the run's inbox and source, built there on connections of their own (a pool the test
+/// shares would keep connections bound to the runtime that is gone). Returns once the runtime is
+/// gone.
 #[allow(dead_code)]
-pub fn run_then_kill<DB: inbox::Backend, S: inbox::Source + Send + 'static>(
-    inbox: inbox::Inbox<DB>,
-    source: S,
-    kill: impl std::future::Future<Output = ()> + Send + 'static,
-) {
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.spawn(async move { inbox.run(source).await });
-        runtime.block_on(kill);
-        runtime.shutdown_timeout(std::time::Duration::from_secs(10));
-    })
-    .join()
-    .expect("the killed run's thread");
+pub fn run_then_kill<DB: inbox::Backend, S: inbox::Source + Send + 'static, Start>(
+    start: impl FnOnce() -> Start + Send,
+    kill: impl std::future::Future<Output = ()> + Send,
+) where
+    Start: std::future::Future<Output = (inbox::Inbox<DB>, S)>,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                let (inbox, source) = runtime.block_on(start());
+                runtime.spawn(async move { inbox.run(source).await });
+                runtime.block_on(kill);
+                runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+            })
+            .join()
+            .expect("the killed run's thread");
+    });
 }
