@@ -181,6 +181,7 @@ impl<DB: Backend> Settings<DB> {
             retention: self.retention.inspect(Retention::warn_if_unsafe),
             batch: self.batch.unwrap_or(Batch::new(1)),
             registry,
+            writer: DB::ONE_WRITER.then(Default::default),
             source: Default::default(),
         }))
     }

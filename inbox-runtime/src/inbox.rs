@@ -50,6 +50,9 @@ pub(crate) struct Shared<DB: Backend> {
     /// How many jobs a worker guards in one transaction (one: no batching).
     pub(crate) batch: Batch,
     pub(crate) registry: Registry<DB>,
+    /// Where the workers take turns at their transactions, on a database with one writer
+    /// ([`Backend::ONE_WRITER`]).
+    pub(crate) writer: Option<tokio::sync::Mutex<()>>,
     /// What the running source did last, for [`Inbox::health`].
     pub(crate) source: crate::health::SourceState,
 }

@@ -58,6 +58,11 @@ pub trait Backend:
     /// so more workers there only wait for each other.
     const DEFAULT_WORKERS: usize;
 
+    /// Whether one transaction at a time can write (SQLite): a runtime's workers then take
+    /// turns at their transactions in order, instead of in the database's busy handler, which
+    /// sleeps between tries.
+    const ONE_WRITER: bool = false;
+
     /// The database's statements.
     const SQL: Statements;
 

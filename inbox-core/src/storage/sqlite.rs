@@ -151,6 +151,7 @@ impl<'t> DatabaseHandle<'t, Sqlite> for sqlx::SqliteConnection {
 
 impl Backend for Sqlite {
     const DEFAULT_WORKERS: usize = 1;
+    const ONE_WRITER: bool = true;
     const SQL: Statements = SQL;
 
     const BEGIN: &'static str = "BEGIN IMMEDIATE";
