@@ -9,7 +9,7 @@ use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, IntoHandler, Retention, Ret
 use sqlx::Pool;
 
 use crate::batch::Batch;
-use crate::inbox::{Inbox, Shared, UnknownTypes};
+use crate::inbox::{Inbox, Shared, UnknownTypes, guarding_connection};
 use crate::registry::{BuildError, Registry};
 use crate::route::{HandlerRoute, Route};
 
@@ -70,8 +70,10 @@ impl<DB: Backend, S> InboxBuilder<DB, S> {
     }
 
     /// How many messages are handled concurrently by [`Inbox::run`] (at least 1; default
-    /// [`Backend::DEFAULT_WORKERS`]: 4 on PostgreSQL, 1 on SQLite, where writers take turns anyway).
-    /// Messages of one aggregate always go to the same worker, in delivery order.
+    /// [`Backend::DEFAULT_WORKERS`]: 4 on PostgreSQL, 1 on SQLite). Messages of one aggregate
+    /// are handled one at a time, in delivery order. On SQLite, which has one writer, the
+    /// workers take turns at their transactions; more than one still overlaps the work around
+    /// them (decoding, acknowledging).
     pub fn workers(mut self, workers: usize) -> Self {
         self.settings.workers = workers.max(1);
         self
@@ -171,6 +173,8 @@ impl<DB: Backend> Settings<DB> {
             .await
             .map_err(BuildError::Schema)?;
         Ok(Inbox::new(Shared {
+            writer: DB::ONE_WRITER
+                .then(|| tokio::sync::Mutex::new(guarding_connection(&self.pool, 1))),
             pool: self.pool,
             consumer: self.consumer,
             workers: self.workers,
@@ -181,7 +185,6 @@ impl<DB: Backend> Settings<DB> {
             retention: self.retention.inspect(Retention::warn_if_unsafe),
             batch: self.batch.unwrap_or(Batch::new(1)),
             registry,
-            writer: DB::ONE_WRITER.then(Default::default),
             source: Default::default(),
         }))
     }

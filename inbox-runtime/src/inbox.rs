@@ -50,9 +50,9 @@ pub(crate) struct Shared<DB: Backend> {
     /// How many jobs a worker guards in one transaction (one: no batching).
     pub(crate) batch: Batch,
     pub(crate) registry: Registry<DB>,
-    /// Where the workers take turns at their transactions, on a database with one writer
-    /// ([`Backend::ONE_WRITER`]).
-    pub(crate) writer: Option<tokio::sync::Mutex<()>>,
+    /// On a database with one writer ([`Backend::ONE_WRITER`]), the one connection the workers
+    /// take turns at their transactions on (its page cache stays warm from one to the next).
+    pub(crate) writer: Option<tokio::sync::Mutex<Box<dyn Connect<DB>>>>,
     /// What the running source did last, for [`Inbox::health`].
     pub(crate) source: crate::health::SourceState,
 }
@@ -421,6 +421,21 @@ impl<DB: Backend> Inbox<DB> {
     }
 }
 
+/// Where one of `kept` takers (a worker, or the workers' one writer) begins its transactions:
+/// on a connection it keeps, where the pool has room for one per taker and one more (for the
+/// sweeps, the purge and strict releases, which take theirs from the pool); else on a connection
+/// from the pool each time.
+pub(crate) fn guarding_connection<DB: Backend>(
+    pool: &Pool<DB>,
+    kept: usize,
+) -> Box<dyn Connect<DB>> {
+    let connections = pool.options().get_max_connections();
+    match usize::try_from(connections).is_ok_and(|n| n > kept) {
+        true => Box::new(KeptConnection::new(pool.clone())),
+        false => Box::new(pool.clone()),
+    }
+}
+
 impl<DB: Backend> Shared<DB> {
     pub(crate) async fn resume(&self) -> Result<u32, Error> {
         let mut released = 0;
@@ -543,15 +558,9 @@ impl<DB: Backend> Shared<DB> {
         self.registry.prepare(envelope)
     }
 
-    /// Where a worker begins its transactions: on a connection it keeps, where the pool has room
-    /// for one per worker and one more (for the sweeps, the purge and strict releases, which take
-    /// theirs from the pool); else on a connection from the pool each time.
+    /// Where a worker begins its transactions (see [`guarding_connection`]).
     pub(crate) fn worker_connection(&self) -> Box<dyn Connect<DB>> {
-        let connections = self.pool.options().get_max_connections();
-        match usize::try_from(connections).is_ok_and(|n| n > self.workers) {
-            true => Box::new(KeptConnection::new(self.pool.clone())),
-            false => Box::new(self.pool.clone()),
-        }
+        guarding_connection(&self.pool, self.workers)
     }
 
     /// Runs `jobs` (each with its delivery's envelope) in one transaction and returns each job's

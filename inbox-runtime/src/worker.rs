@@ -408,12 +408,12 @@ async fn handle_all<DB: Backend>(
         let (jobs, pending): (Vec<_>, Vec<_>) =
             work.into_iter().map(|w| (w.job, w.pending)).unzip();
         let with_envelopes = jobs.into_iter().zip(pending.iter().map(|p| &p.envelope));
-        let writing = shared.writer.as_ref().map(|writer| writer.lock());
-        let turn = futures::future::OptionFuture::from(writing).await;
-        let results = shared
-            .execute_batch(&mut *connection, with_envelopes.collect())
-            .await;
-        drop((turn, busy));
+        let jobs = with_envelopes.collect();
+        let results = match &shared.writer {
+            Some(writer) => shared.execute_batch(&mut **writer.lock().await, jobs).await,
+            None => shared.execute_batch(&mut *connection, jobs).await,
+        };
+        drop(busy);
         for (result, pending) in results.into_iter().zip(pending) {
             if let Some((results, acker)) = pending.finish(result) {
                 settle_delivery(&shared, &pending, results, acker, &mut report).await;
