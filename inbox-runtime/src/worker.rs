@@ -396,10 +396,17 @@ async fn handle_all<DB: Backend>(
         }
     }
     let _gone = Gone(&scheduler);
-    let mut connection = shared.worker_connection();
+    let mut own = shared.worker_connection();
     let mut report = RunReport::default();
     let (size, linger) = (shared.batch.size(), shared.batch.lingers());
     loop {
+        // Where the database has one writer, a worker takes its turn before its jobs: they wait
+        // in the scheduler for the worker whose turn it is (a full batch), not in the small
+        // batches of workers waiting for their turn.
+        let mut turn = match &shared.writer {
+            Some(writer) => Some(writer.lock().await),
+            None => None,
+        };
         let taken = scheduler.take_up_to(size, linger).await;
         if taken.is_empty() {
             break;
@@ -408,12 +415,14 @@ async fn handle_all<DB: Backend>(
         let (jobs, pending): (Vec<_>, Vec<_>) =
             work.into_iter().map(|w| (w.job, w.pending)).unzip();
         let with_envelopes = jobs.into_iter().zip(pending.iter().map(|p| &p.envelope));
-        let jobs = with_envelopes.collect();
-        let results = match &shared.writer {
-            Some(writer) => shared.execute_batch(&mut **writer.lock().await, jobs).await,
-            None => shared.execute_batch(&mut *connection, jobs).await,
+        let connection = match turn.as_deref_mut() {
+            Some(writer) => &mut **writer,
+            None => &mut *own,
         };
-        drop(busy);
+        let results = shared
+            .execute_batch(connection, with_envelopes.collect())
+            .await;
+        drop((turn, busy));
         for (result, pending) in results.into_iter().zip(pending) {
             if let Some((results, acker)) = pending.finish(result) {
                 settle_delivery(&shared, &pending, results, acker, &mut report).await;
