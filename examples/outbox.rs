@@ -198,7 +198,9 @@ where
         let _ = stopped.wait_for(|stop| *stop).await;
     };
 
-    // Two relays, on two pools; the first is killed once, mid-batch, and started again.
+    // Two relays, on two pools. The first runs alone until it is killed, mid-batch (alone, so
+    // that the second cannot publish everything before the first reaches that point); then the
+    // second starts, and the first is started again.
     let (killed, mut was_killed) = watch::channel(false);
     let doomed = Doomed {
         topics: topics.clone(),
@@ -216,7 +218,6 @@ where
         .poll_interval(Duration::from_millis(20))
         .lease(Duration::from_secs(1));
     let first = tokio::spawn(doomed.run(until_stopped(stopped.clone())));
-    let second = tokio::spawn(relay(other_pool.clone()).run(until_stopped(stopped.clone())));
 
     let billing = Inbox::builder(pool.clone())
         .consumer("billing")
@@ -241,7 +242,11 @@ where
     kill.await
         .map_err(|_| "relay 1 never reached the point it is killed at")??;
     first.abort();
-    println!("relay 1 killed mid-batch, after the broker confirmed what it sent; relay 1 restarts");
+    println!(
+        "relay 1 killed mid-batch, after the broker confirmed what it sent; relay 2 starts and \
+         relay 1 restarts"
+    );
+    let second = tokio::spawn(relay(other_pool.clone()).run(until_stopped(stopped.clone())));
     let restarted = tokio::spawn(relay(pool.clone()).run(until_stopped(stopped.clone())));
 
     wait_until_billed(&pool).await?;
