@@ -686,7 +686,16 @@ mod postgres_queue_broker {
 
     impl PostgresQueue {
         fn consumer(&self, visibility: Duration) -> inbox::postgres_queue::PgQueueSourceBuilder {
-            PgQueueSource::builder(&self.pool, &self.queue)
+            self.consumer_on(&self.pool, visibility)
+        }
+
+        /// A consumer of the test's queue through `pool`.
+        fn consumer_on(
+            &self,
+            pool: &sqlx::PgPool,
+            visibility: Duration,
+        ) -> inbox::postgres_queue::PgQueueSourceBuilder {
+            PgQueueSource::builder(pool, &self.queue)
                 .visibility_timeout(visibility)
                 .poll_interval(Duration::from_millis(100))
         }
@@ -721,8 +730,7 @@ mod postgres_queue_broker {
         async fn source_of_its_own(&self) -> Self::Source {
             let options = (*self.pool.connect_options()).clone();
             let pool = sqlx::PgPool::connect_with(options).await.expect("connect");
-            let consumer = PgQueueSource::builder(&pool, &self.queue);
-            let source = consumer.visibility_timeout(Self::REDELIVERY).build();
+            let source = self.consumer_on(&pool, Self::REDELIVERY).build();
             source.await.expect("build the source")
         }
 
