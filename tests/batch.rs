@@ -11,7 +11,7 @@ macro_rules! batch_suite {
         use std::sync::Mutex;
 
         use inbox::prelude::*;
-        use inbox::{Batch, MemoryBroker};
+        use inbox::{Batch, MemoryBroker, RunReport};
 
         type Pool = sqlx::Pool<$db>;
 
@@ -142,34 +142,73 @@ macro_rules! batch_suite {
             );
         }
 
-        #[tokio::test]
-        async fn a_batch_tells_new_duplicate_stale_and_conflicting_messages_apart_at_once() {
-            let Some(pool) = database("batch_kinds").await else {
-                return;
-            };
-            let inbox = Inbox::builder(pool.clone())
+        /// An inbox of `counted` on `pool` whose one worker lingers for a batch long enough to
+        /// take everything a run publishes at once.
+        async fn counting_inbox(pool: &Pool) -> Inbox<$db> {
+            Inbox::builder(pool.clone())
                 .workers(1)
                 .batch(Batch::new(16).linger(std::time::Duration::from_millis(300)))
                 .handler(counted)
                 .build()
                 .await
-                .unwrap();
-            let first = MemoryBroker::new();
-            for (n, delivery) in [
+                .unwrap()
+        }
+
+        /// Runs `deliveries` of `counted` (numbered from `first`) through `inbox`; each is acked.
+        async fn run_counted(
+            inbox: &Inbox<$db>,
+            first: usize,
+            deliveries: &[(&str, &str, i64)],
+        ) -> RunReport {
+            let broker = MemoryBroker::new();
+            for (n, delivery) in deliveries.iter().enumerate() {
+                broker.publish(counted_delivery(first + n, *delivery));
+            }
+            broker.close();
+            let report = inbox.run(broker.source()).await.unwrap();
+            assert_eq!(broker.acked(), deliveries.len() as u64, "{report:?}");
+            report
+        }
+
+        /// How many messages were processed, duplicate, stale and conflicting.
+        fn kinds(report: &RunReport) -> [u64; 4] {
+            [
+                Outcome::Processed,
+                Outcome::Duplicate,
+                Outcome::Stale,
+                Outcome::Conflict,
+            ]
+            .map(|outcome| report.handler_calls_with(outcome))
+        }
+
+        /// How many times the handler ran for each of `ids`.
+        fn runs_of<const N: usize>(ids: [&str; N]) -> [u32; N] {
+            let calls = CALLS.lock().unwrap().clone();
+            ids.map(|id| calls.get(id).copied().unwrap_or(0))
+        }
+
+        /// The last applied sequence of `account`'s stream for `counted`.
+        async fn last_sequence(pool: &Pool, account: &str) -> i64 {
+            let sql = $crate::common::sql::<$db>(
+                "SELECT last_sequence FROM inbox_streams WHERE handler = 'counted' AND aggregate_id = $1",
+            );
+            sqlx::query_scalar(sql).bind(account).fetch_one(pool).await.unwrap()
+        }
+
+        #[tokio::test]
+        async fn a_batch_tells_new_duplicate_stale_and_conflicting_messages_apart_at_once() {
+            let Some(pool) = database("batch_kinds").await else {
+                return;
+            };
+            let inbox = counting_inbox(&pool).await;
+            let before = [
                 ("q-seen", "acct-q", 2),
                 ("q-prior", "acct-p", 2),
                 ("q-third", "acct-t", 5),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                first.publish(counted_delivery(n, delivery));
-            }
-            first.close();
-            inbox.run(first.source()).await.unwrap();
+            ];
+            run_counted(&inbox, 0, &before).await;
 
             // One aggregate each, so that the worker lingering for a batch takes all five at once.
-            let broker = MemoryBroker::new();
             let deliveries = [
                 ("q-new", "acct-r", 1),
                 ("q-seen", "acct-q", 2),
@@ -177,34 +216,53 @@ macro_rules! batch_suite {
                 ("q-third", "acct-t", 6),
                 ("q-other", "acct-s", 4),
             ];
-            for (n, delivery) in deliveries.into_iter().enumerate() {
-                broker.publish(counted_delivery(n + 3, delivery));
-            }
-            broker.close();
-            let report = inbox.run(broker.source()).await.unwrap();
+            let report = run_counted(&inbox, 3, &deliveries).await;
 
-            let counts = [
-                Outcome::Processed,
-                Outcome::Duplicate,
-                Outcome::Stale,
-                Outcome::Conflict,
-            ]
-            .map(|outcome| report.handler_calls_with(outcome));
-            assert_eq!(counts, [2, 1, 1, 1], "{report:?}");
-            let calls = CALLS.lock().unwrap().clone();
-            let ran = |id: &str| calls.get(id).copied().unwrap_or(0);
+            assert_eq!(kinds(&report), [2, 1, 1, 1], "{report:?}");
             assert_eq!(
-                [
-                    ran("q-new"),
-                    ran("q-seen"),
-                    ran("q-late"),
-                    ran("q-third"),
-                    ran("q-other")
-                ],
+                runs_of(["q-new", "q-seen", "q-late", "q-third", "q-other"]),
                 [1, 1, 0, 1, 1],
-                "only new messages ran: {calls:?}"
+                "only new messages ran"
             );
-            assert_eq!(broker.acked(), 5);
+        }
+
+        #[tokio::test]
+        async fn a_batch_places_several_messages_of_one_stream_as_one_after_the_other() {
+            let Some(pool) = database("batch_runs").await else {
+                return;
+            };
+            let inbox = counting_inbox(&pool).await;
+            run_counted(&inbox, 0, &[("run-p2", "acct-run-p", 2)]).await;
+
+            // Two streams' messages in one batch: r's in a run with a late one, a copy and a
+            // conflicting copy inside; p's first one stale, so the ones after it take their
+            // place on their own.
+            let deliveries = [
+                ("run-r1", "acct-run-r", 1),
+                ("run-p1", "acct-run-p", 1),
+                ("run-r3", "acct-run-r", 3),
+                ("run-r2", "acct-run-r", 2),
+                ("run-r3", "acct-run-r", 3),
+                ("run-r3", "acct-run-r", 30),
+                ("run-p3", "acct-run-p", 3),
+                ("run-r4", "acct-run-r", 4),
+                ("run-p2b", "acct-run-p", 2),
+            ];
+            let report = run_counted(&inbox, 1, &deliveries).await;
+
+            assert_eq!(kinds(&report), [4, 1, 3, 1], "{report:?}");
+            assert_eq!(
+                runs_of(["run-r1", "run-r3", "run-r4", "run-p3", "run-r2", "run-p1", "run-p2b"]),
+                [1, 1, 1, 1, 0, 0, 0],
+                "the newer ones ran once each, the late ones not"
+            );
+            assert_eq!(
+                (
+                    last_sequence(&pool, "acct-run-r").await,
+                    last_sequence(&pool, "acct-run-p").await
+                ),
+                (4, 3)
+            );
         }
 
         #[tokio::test]

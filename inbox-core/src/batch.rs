@@ -7,8 +7,10 @@
 //! stale cost one write to be marked so). What is left per message is its handler: the check
 //! that no handler left the transaction aborted (PostgreSQL) runs once, before the commit. Where the
 //! database has no such statements (MySQL), or for a message the bulk claim could not decide (a
-//! retry that is due, strict ordering, a second message of one stream), the message is claimed
-//! and placed on its own, inside the same transaction.
+//! retry that is due, strict ordering, a copy of an earlier message of the batch), the message is
+//! claimed and placed on its own, inside the same transaction. A batch may hold several messages
+//! of one stream, one after the other: they are placed in bulk too, as each would have been after
+//! the one before it.
 //!
 //! The batch is optimistic: as long as every message is kept or found seen before, nothing needs
 //! undoing. When a handler fails, the whole transaction is rolled back and the batch is
@@ -24,7 +26,7 @@
 //! message of a batch fails, the handlers that ran before it in the batch run again, their first
 //! run rolled back and never committed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, hash_map};
 
 use sqlx::Transaction;
 use tracing::{Instrument, Span};
@@ -33,11 +35,11 @@ use crate::connection::Connect;
 use crate::error::{Error, HandlerError};
 use crate::guard::{self, Delivery, Found, Guarded, OpenCheck, Position, Received, Step};
 use crate::handler::Handler;
-use crate::keys::{Claim, Ordering};
+use crate::keys::{Claim, MessageStatus, Ordering};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
-use crate::storage::messages::{self, Claimed};
+use crate::storage::messages::{self, Claimed, Seen};
 use crate::storage::{Backend, bulk};
 
 /// An open batch: one transaction that guarded messages join until it commits.
@@ -99,7 +101,7 @@ impl<'c, DB: Backend> Batch<'c, DB> {
     }
 
     /// Claims every entry's dedup row, reads those already there and advances the streams of
-    /// monotonic ordering, in one statement each; returns a ticket per entry, in order, to guard
+    /// monotonic ordering, in a statement or two each; returns a ticket per entry, in order, to guard
     /// it with. A statement the database refuses rolls the batch back.
     pub async fn claim(
         &mut self,
@@ -112,6 +114,8 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             .collect();
         let mut found: Vec<Found> = entries.iter().map(|_| Found::default()).collect();
         if bulk::supported::<DB>() {
+            let mut originals = HashMap::new();
+            let mut copies = Vec::new();
             let claims: Vec<(usize, Claim<'_>)> = entries
                 .iter()
                 .zip(&hashes)
@@ -121,10 +125,26 @@ impl<'c, DB: Backend> Batch<'c, DB> {
                     identity.check_ordering(entry.ordering).is_ok()
                 })
                 .map(|(at, (entry, hash))| (at, claim_of(consumer, entry, hash)))
+                // A copy of an earlier message of the batch is claimed after it, from it.
+                .filter(
+                    |(at, claim)| match originals.entry((claim.handler, claim.message_id)) {
+                        hash_map::Entry::Occupied(original) => {
+                            copies.push((*at, *original.get()));
+                            false
+                        }
+                        hash_map::Entry::Vacant(slot) => {
+                            slot.insert(*at);
+                            true
+                        }
+                    },
+                )
                 .collect();
             let claimed = self.claim_all(consumer, &claims).await?;
             for ((at, _), claimed) in claims.iter().zip(claimed) {
                 found[*at].claimed = claimed;
+            }
+            for (copy, original) in copies {
+                found[copy].claimed = copy_found(&found[original].claimed, &hashes[original]);
             }
             self.place_all(consumer, entries, &claims, &mut found)
                 .await?;
@@ -170,9 +190,12 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         Ok(claimed.collect())
     }
 
-    /// Advances, in one statement, the stream of every newly claimed message under monotonic
-    /// ordering (the first message of each stream: a later one takes its place on its own), and
-    /// marks each ticket `Next` or `Stale`.
+    /// Places in bulk the newly claimed messages of monotonic ordering: one statement advances
+    /// each stream to its first message's sequence (or finds it stale), and where a stream moved,
+    /// its later messages of the batch are placed after it (newer than the last applied: next;
+    /// else stale) and the same statement once more moves the stream to the last one applied. A stream's
+    /// messages after one the bulk claim did not decide (a retry that is due) take their place on
+    /// their own, as do those after a first one that is stale.
     async fn place_all(
         &mut self,
         consumer: &str,
@@ -180,32 +203,31 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         claims: &[(usize, Claim<'_>)],
         found: &mut [Found],
     ) -> Result<(), Abandoned> {
-        let mut streams = HashSet::new();
-        let placeable: Vec<(usize, (&str, &str, i64))> = claims
-            .iter()
-            .filter(|(at, _)| {
-                let monotonic = matches!(entries[*at].ordering, Ordering::Monotonic);
-                monotonic && matches!(found[*at].claimed, Some(Claimed::New))
-            })
-            .filter_map(|(at, claim)| {
-                Some((*at, (claim.handler, claim.aggregate?, claim.sequence?)))
-            })
-            .filter(|(_, (handler, aggregate, _))| streams.insert((*handler, *aggregate)))
-            .collect();
-        if placeable.is_empty() {
+        let monotonic = |at: usize| matches!(entries[at].ordering, Ordering::Monotonic);
+        let runs = runs(claims, found, monotonic);
+        if runs.is_empty() {
             return Ok(());
         }
-        let rows: Vec<(&str, &str, i64)> = placeable.iter().map(|(_, row)| *row).collect();
-        let advanced = bulk::advance(&mut self.tx, consumer, &rows)
+        let firsts: Vec<(&str, &str, i64)> = runs.iter().map(Run::first).collect();
+        let advanced = bulk::advance(&mut self.tx, consumer, &firsts)
             .await
             .map_err(refused)?;
-        for (at, (handler, aggregate, _)) in placeable {
-            let moved = advanced.contains(&(handler.to_owned(), aggregate.to_owned()));
-            found[at].placed = Some(if moved {
-                Position::Next
-            } else {
-                Position::Stale
-            });
+        let mut extended = Vec::new();
+        for run in &runs {
+            let (handler, aggregate, first) = run.first();
+            if !advanced.contains(&(handler.to_owned(), aggregate.to_owned())) {
+                found[run.messages[0].0].placed = Some(Position::Stale);
+                continue;
+            }
+            let last = run.place(found);
+            if last != first {
+                extended.push((handler, aggregate, last));
+            }
+        }
+        if !extended.is_empty() {
+            bulk::advance(&mut self.tx, consumer, &extended)
+                .await
+                .map_err(refused)?;
         }
         Ok(())
     }
@@ -258,6 +280,94 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             tracing::warn!(%error, "a batch could not commit; its messages go one by one");
             Abandoned::Refused
         })
+    }
+}
+
+/// The messages of one stream that a batch places in bulk, in batch order.
+struct Run<'a> {
+    handler: &'a str,
+    aggregate: &'a str,
+    /// Each message's place in the batch, and its sequence.
+    messages: Vec<(usize, i64)>,
+}
+
+impl<'a> Run<'a> {
+    /// The stream, and the sequence of its first message in the batch.
+    fn first(&self) -> (&'a str, &'a str, i64) {
+        (self.handler, self.aggregate, self.messages[0].1)
+    }
+
+    /// Once the first message advanced the stream: each message is next if it is newer than the
+    /// last one applied, else stale, as one after the other on their own. Returns the sequence
+    /// of the last one applied.
+    fn place(&self, found: &mut [Found]) -> i64 {
+        let mut last = i64::MIN;
+        for &(at, sequence) in &self.messages {
+            let newer = sequence > last;
+            found[at].placed = Some(match newer {
+                true => Position::Next,
+                false => Position::Stale,
+            });
+            last = last.max(sequence);
+        }
+        last
+    }
+}
+
+/// Each stream's run of messages to place in bulk: in batch order, those newly claimed under
+/// monotonic ordering, up to the first message of the stream that is neither that nor seen
+/// before (seen ones and copies of an earlier message of the batch never touch the stream).
+/// `monotonic` says whether the message at a place in the batch is under monotonic ordering.
+fn runs<'a>(
+    claims: &[(usize, Claim<'a>)],
+    found: &[Found],
+    monotonic: impl Fn(usize) -> bool,
+) -> Vec<Run<'a>> {
+    let mut runs: Vec<Run<'a>> = Vec::new();
+    // Each stream's run, or `None` once a message of the stream was not placeable.
+    let mut streams: HashMap<(&str, &str), Option<usize>> = HashMap::new();
+    for (at, claim) in claims {
+        let (Some(aggregate), Some(sequence)) = (claim.aggregate, claim.sequence) else {
+            continue;
+        };
+        let placeable = match &found[*at].claimed {
+            Some(Claimed::Seen(_)) => continue,
+            Some(Claimed::New) => monotonic(*at),
+            _ => false,
+        };
+        let stream = (claim.handler, aggregate);
+        match (streams.get(&stream), placeable) {
+            (Some(Some(run)), true) => runs[*run].messages.push((*at, sequence)),
+            (None, true) => {
+                streams.insert(stream, Some(runs.len()));
+                runs.push(Run {
+                    handler: claim.handler,
+                    aggregate,
+                    messages: vec![(*at, sequence)],
+                });
+            }
+            (_, false) => {
+                streams.insert(stream, None);
+            }
+            (Some(None), true) => {}
+        }
+    }
+    runs
+}
+
+/// How a copy of an earlier message of the batch is claimed, from how that message was: seen
+/// before as it was, or, where the batch claimed it new, seen as the batch has it (its row is
+/// there by the time the copy's turn comes: a failure abandons the whole batch). What the bulk
+/// claim left undecided is claimed on its own, after the earlier message.
+fn copy_found(original: &Option<Claimed>, original_hash: &[u8]) -> Option<Claimed> {
+    match original {
+        Some(Claimed::New) => Some(Claimed::Seen(Seen {
+            payload_hash: original_hash.to_vec(),
+            status: MessageStatus::Processed,
+            retry_at_ms: None,
+        })),
+        Some(Claimed::Seen(seen)) => Some(Claimed::Seen(seen.clone())),
+        _ => None,
     }
 }
 
@@ -316,4 +426,76 @@ pub async fn conclude<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     };
     let concluded = guard::conclude(connection.pool(), handler, &delivery, &span, guarded);
     concluded.instrument(span.clone()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(message_id: &'static str, aggregate: &'static str, sequence: i64) -> Claim<'static> {
+        Claim {
+            consumer: "billing",
+            handler: "credit",
+            message_id,
+            message_type: "credited",
+            aggregate: Some(aggregate),
+            sequence: Some(sequence),
+            payload_hash: &[],
+            now_ms: 0,
+        }
+    }
+
+    fn found(claimed: Option<Claimed>) -> Found {
+        Found {
+            claimed,
+            placed: None,
+        }
+    }
+
+    fn seen() -> Option<Claimed> {
+        Some(Claimed::Seen(Seen {
+            payload_hash: Vec::new(),
+            status: MessageStatus::Processed,
+            retry_at_ms: None,
+        }))
+    }
+
+    #[test]
+    fn a_streams_run_skips_what_was_seen_and_ends_at_what_the_bulk_claim_left_undecided() {
+        let claims: Vec<(usize, Claim<'static>)> = [
+            claim("a1", "a", 1),
+            claim("b1", "b", 1),
+            claim("a0", "a", 5),
+            claim("a3", "a", 3),
+            claim("b2", "b", 2),
+            claim("a2", "a", 2),
+            claim("b3", "b", 3),
+        ]
+        .into_iter()
+        .enumerate()
+        .collect();
+        let new = || Some(Claimed::New);
+        let mut found = [new(), new(), seen(), new(), None, new(), new()].map(found);
+
+        let monotonic = runs(&claims, &found, |_| true);
+        let placed: Vec<(&str, Vec<usize>)> = monotonic
+            .iter()
+            .map(|run| (run.aggregate, run.messages.iter().map(|m| m.0).collect()))
+            .collect();
+        assert_eq!(
+            placed,
+            [("a", vec![0, 3, 5]), ("b", vec![1])],
+            "a's seen message is no part of its run; b's run ends at the retry left undecided"
+        );
+        assert_eq!(monotonic[0].place(&mut found), 3);
+        let positions = [0, 3, 5].map(|at| found[at].placed);
+        assert_eq!(
+            positions,
+            [Position::Next, Position::Next, Position::Stale].map(Some)
+        );
+        assert!(
+            runs(&claims, &found, |_| false).is_empty(),
+            "strict ordering"
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! Keyed scheduling: any free worker takes the oldest waiting job whose key (a handler and one of
 //! its aggregates, or a message id for a handler without aggregates) is not being handled, so one
 //! aggregate's jobs run one at a time and in arrival order, while no worker idles as long as some
-//! other aggregate has work.
+//! other aggregate has work. A worker filling a batch also takes the jobs waiting behind the keys
+//! it holds, in arrival order: the batch handles them one after the other, so a few busy
+//! aggregates still fill whole batches.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,11 +35,16 @@ pub(crate) struct Scheduler<T> {
 
 /// Each key's jobs in arrival order, and the free keys with a job waiting ordered by when that
 /// job arrived: taking the oldest free job, and freeing a key, cost a lookup each, however many
-/// jobs wait behind busy keys.
+/// jobs wait behind busy keys. So does taking the oldest job behind the keys a batch holds.
 struct State<T> {
     keys: HashMap<Key, KeyQueue<T>>,
     /// Free keys with a waiting job, by the arrival number of their first waiting job.
     ready: BTreeMap<u64, Key>,
+    /// For each batch being filled, the keys it holds that have a job waiting, by the arrival
+    /// number of that job.
+    filling: HashMap<u64, BTreeMap<u64, Key>>,
+    /// The number of the next batch to fill.
+    batches: u64,
     /// The arrival number of the next job pushed.
     arrivals: u64,
     waiting: usize,
@@ -45,15 +52,24 @@ struct State<T> {
     workers: usize,
 }
 
-/// The jobs of one key that wait, each with its arrival number, and whether one is being
-/// handled.
+/// The jobs of one key that wait, each with its arrival number, how many of its jobs are being
+/// handled (all by one worker, in one batch), and the batch that holds it while that fills.
 struct KeyQueue<T> {
     jobs: VecDeque<(u64, T)>,
-    busy: bool,
+    busy: usize,
+    filling: Option<u64>,
+}
+
+/// A batch being filled: the keys it holds, marked as such until it is full (also when its
+/// filling is abandoned).
+struct Filling<'s, T> {
+    scheduler: &'s Scheduler<T>,
+    batch: u64,
+    held: Vec<Key>,
 }
 
 /// A taken job's key: busy until this is dropped (also when the worker unwinds), so the
-/// aggregate's next job waits for this one to end.
+/// aggregate's next job waits for this one to end (unless the same batch took it too).
 pub(crate) struct Busy<'s, T> {
     scheduler: &'s Scheduler<T>,
     key: Key,
@@ -65,6 +81,8 @@ impl<T> Scheduler<T> {
         let state = State {
             keys: HashMap::new(),
             ready: BTreeMap::new(),
+            filling: HashMap::new(),
+            batches: 0,
             arrivals: 0,
             waiting: 0,
             closed: false,
@@ -123,27 +141,33 @@ impl<T> Scheduler<T> {
         }
     }
 
-    /// Up to `most` jobs of free keys: waits for the first, then takes what is ready, waiting up
-    /// to `linger` for more. Empty once the scheduler is closed and nothing waits.
+    /// Up to `most` jobs: waits for the first, then takes what is ready, waiting up to `linger`
+    /// for more. A job is ready when its key is free or held by this batch (it waits behind the
+    /// batch's earlier jobs of that key); the oldest ready job comes first. Empty once the
+    /// scheduler is closed and nothing waits.
     pub(crate) async fn take_up_to(&self, most: usize, linger: Duration) -> Vec<(T, Busy<'_, T>)> {
         let Some(first) = self.take().await else {
             return Vec::new();
         };
+        let mut filling = self.fill(&first.1.key);
         let mut taken = vec![first];
         let deadline = tokio::time::Instant::now() + linger;
         while taken.len() < most {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let next = self.lock().take_free();
+            let next = self.lock().take_ready(filling.batch);
             match next {
-                Some((key, job)) => taken.push((
-                    job,
-                    Busy {
+                Some((key, job, newly_held)) => {
+                    if newly_held {
+                        filling.held.push(key.clone());
+                    }
+                    let busy = Busy {
                         scheduler: self,
                         key,
-                    },
-                )),
+                    };
+                    taken.push((job, busy));
+                }
                 None if linger.is_zero() || self.lock().closed => break,
                 None => {
                     if tokio::time::timeout_at(deadline, changed).await.is_err() {
@@ -153,6 +177,20 @@ impl<T> Scheduler<T> {
             }
         }
         taken
+    }
+
+    /// Starts filling a batch that holds `key`.
+    fn fill(&self, key: &Key) -> Filling<'_, T> {
+        let mut state = self.lock();
+        let batch = state.batches;
+        state.batches += 1;
+        state.filling.insert(batch, BTreeMap::new());
+        state.hold(batch, key);
+        Filling {
+            scheduler: self,
+            batch,
+            held: vec![key.clone()],
+        }
     }
 
     /// Marks a worker as gone; when the last one is, no room is left for new work.
@@ -177,10 +215,21 @@ impl<T> State<T> {
         self.waiting += 1;
         let queue = self.keys.entry(key.clone()).or_insert_with(|| KeyQueue {
             jobs: VecDeque::new(),
-            busy: false,
+            busy: 0,
+            filling: None,
         });
-        if queue.jobs.is_empty() && !queue.busy {
-            self.ready.insert(arrival, key);
+        if queue.jobs.is_empty() {
+            match (queue.busy, queue.filling) {
+                (0, _) => {
+                    self.ready.insert(arrival, key);
+                }
+                (_, Some(batch)) => {
+                    if let Some(behind) = self.filling.get_mut(&batch) {
+                        behind.insert(arrival, key);
+                    }
+                }
+                (_, None) => {}
+            }
         }
         queue.jobs.push_back((arrival, job));
     }
@@ -190,19 +239,70 @@ impl<T> State<T> {
     /// only while the key is free.
     fn take_free(&mut self) -> Option<(Key, T)> {
         let (_, key) = self.ready.pop_first()?;
-        let queue = self.keys.get_mut(&key)?;
-        let (_, job) = queue.jobs.pop_front()?;
-        queue.busy = true;
-        self.waiting -= 1;
+        let job = self.take_first_of(&key)?;
         Some((key, job))
     }
 
-    /// Frees a key: its next waiting job becomes ready, or the key is forgotten.
+    /// Removes the oldest job that is either first behind a free key or first behind a key
+    /// that `batch` holds (busy with its earlier jobs); a free key taken is held by `batch` from
+    /// then on (and said to be newly held).
+    fn take_ready(&mut self, batch: u64) -> Option<(Key, T, bool)> {
+        let behind = self.filling.get_mut(&batch)?;
+        let behind_held = behind.first_key_value().map(|(arrival, _)| *arrival);
+        let free = self.ready.first_key_value().map(|(arrival, _)| *arrival);
+        let (key, newly_held) = match (behind_held, free) {
+            (Some(held), free) if free.is_none_or(|free| held < free) => {
+                (behind.pop_first()?.1, false)
+            }
+            _ => (self.ready.pop_first()?.1, true),
+        };
+        let job = self.take_first_of(&key)?;
+        self.hold(batch, &key);
+        Some((key, job, newly_held))
+    }
+
+    /// Marks `key` as held by `batch`, its next waiting job (if any) one the batch may take.
+    fn hold(&mut self, batch: u64, key: &Key) {
+        let Some(queue) = self.keys.get_mut(key) else {
+            return;
+        };
+        queue.filling = Some(batch);
+        if let (Some((arrival, _)), Some(behind)) =
+            (queue.jobs.front(), self.filling.get_mut(&batch))
+        {
+            behind.insert(*arrival, key.clone());
+        }
+    }
+
+    /// Ends the filling of `batch`: the jobs behind its keys wait for the keys to be free.
+    fn filled(&mut self, batch: u64, held: &[Key]) {
+        self.filling.remove(&batch);
+        for key in held {
+            if let Some(queue) = self.keys.get_mut(key) {
+                queue.filling = None;
+            }
+        }
+    }
+
+    /// Removes `key`'s first waiting job, counting it as being handled.
+    fn take_first_of(&mut self, key: &Key) -> Option<T> {
+        let queue = self.keys.get_mut(key)?;
+        let (_, job) = queue.jobs.pop_front()?;
+        queue.busy += 1;
+        self.waiting -= 1;
+        Some(job)
+    }
+
+    /// Ends one of a key's jobs; once none is being handled, its next waiting job becomes ready,
+    /// or the key is forgotten.
     fn free(&mut self, key: &Key) {
         let Some(queue) = self.keys.get_mut(key) else {
             return;
         };
-        queue.busy = false;
+        queue.busy -= 1;
+        if queue.busy > 0 {
+            return;
+        }
         match queue.jobs.front() {
             Some((arrival, _)) => {
                 self.ready.insert(*arrival, key.clone());
@@ -211,6 +311,12 @@ impl<T> State<T> {
                 self.keys.remove(key);
             }
         }
+    }
+}
+
+impl<T> Drop for Filling<'_, T> {
+    fn drop(&mut self) {
+        self.scheduler.lock().filled(self.batch, &self.held);
     }
 }
 
@@ -229,6 +335,10 @@ mod tests {
         ("handler", Serial::Aggregate(aggregate.to_owned()))
     }
 
+    fn jobs<T: Copy>(taken: &[(T, Busy<'_, T>)]) -> Vec<T> {
+        taken.iter().map(|(job, _)| *job).collect()
+    }
+
     #[tokio::test]
     async fn a_busy_key_holds_back_only_its_own_jobs_and_the_oldest_free_job_comes_first() {
         let scheduler = Scheduler::new(1, 16);
@@ -237,15 +347,34 @@ mod tests {
         }
         let (first, busy_a) = scheduler.take().await.expect("a job");
         let taken = scheduler.take_up_to(10, Duration::ZERO).await;
-        let jobs: Vec<i32> = taken.iter().map(|(job, _)| *job).collect();
-        assert_eq!((first, jobs), (1, vec![3, 4]), "a and b are busy");
+        assert_eq!(
+            (first, jobs(&taken)),
+            (1, vec![3, 4, 5]),
+            "a is busy elsewhere; b's second job follows its first into the batch"
+        );
         drop(busy_a);
         drop(taken);
         let rest = scheduler.take_up_to(10, Duration::ZERO).await;
-        let jobs: Vec<i32> = rest.iter().map(|(job, _)| *job).collect();
-        assert_eq!(jobs, vec![2, 5], "each key's next job, oldest first");
+        assert_eq!(jobs(&rest), vec![2], "a's next job, once a is free");
         drop(rest);
         scheduler.close();
         assert!(scheduler.take().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_key_stays_busy_until_every_job_a_batch_took_of_it_ends() {
+        let scheduler = Scheduler::new(2, 16);
+        for (aggregate, job) in [("a", 1), ("b", 2), ("a", 3)] {
+            scheduler.push(key(aggregate), job);
+        }
+        let mut batch = scheduler.take_up_to(10, Duration::ZERO).await;
+        assert_eq!(jobs(&batch), vec![1, 2, 3], "in arrival order");
+        scheduler.push(key("a"), 4);
+        drop(batch.remove(0));
+        let other = tokio::time::timeout(Duration::from_millis(50), scheduler.take()).await;
+        assert!(other.is_err(), "a's job 3 is still in hand");
+        drop(batch);
+        let next = scheduler.take_up_to(10, Duration::ZERO).await;
+        assert_eq!(jobs(&next), vec![4]);
     }
 }
