@@ -1,9 +1,9 @@
 //! Keyed scheduling: any free worker takes the oldest waiting job whose key (a handler and one of
 //! its aggregates, or a message id for a handler without aggregates) is not being handled, so one
 //! aggregate's jobs run one at a time and in arrival order, while no worker idles as long as some
-//! other aggregate has work. A worker filling a batch also takes the jobs waiting behind the keys
-//! it holds, in arrival order: the batch handles them one after the other, so a few busy
-//! aggregates still fill whole batches.
+//! other aggregate has work. A worker filling a batch first takes the jobs waiting behind the keys
+//! it holds (the batch handles them one after the other), then the oldest jobs of free keys: a
+//! few busy aggregates fill whole batches, and the other workers find the other aggregates free.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -142,9 +142,9 @@ impl<T> Scheduler<T> {
     }
 
     /// Up to `most` jobs: waits for the first, then takes what is ready, waiting up to `linger`
-    /// for more. A job is ready when its key is free or held by this batch (it waits behind the
-    /// batch's earlier jobs of that key); the oldest ready job comes first. Empty once the
-    /// scheduler is closed and nothing waits.
+    /// for more: first the jobs waiting behind the keys the batch holds (behind its earlier jobs
+    /// of that key), then the oldest job of a free key. Empty once the scheduler is closed and
+    /// nothing waits.
     pub(crate) async fn take_up_to(&self, most: usize, linger: Duration) -> Vec<(T, Busy<'_, T>)> {
         let Some(first) = self.take().await else {
             return Vec::new();
@@ -243,18 +243,15 @@ impl<T> State<T> {
         Some((key, job))
     }
 
-    /// Removes the oldest job that is either first behind a free key or first behind a key
-    /// that `batch` holds (busy with its earlier jobs); a free key taken is held by `batch` from
-    /// then on (and said to be newly held).
+    /// Removes, for `batch`, the oldest job waiting behind a key the batch holds (busy with its
+    /// earlier jobs), or else the oldest job of a free key, which the batch holds from then on
+    /// (and says so). Taking an aggregate's later jobs first fills a batch with fewer aggregates,
+    /// and leaves more of them to the other workers.
     fn take_ready(&mut self, batch: u64) -> Option<(Key, T, bool)> {
         let behind = self.filling.get_mut(&batch)?;
-        let behind_held = behind.first_key_value().map(|(arrival, _)| *arrival);
-        let free = self.ready.first_key_value().map(|(arrival, _)| *arrival);
-        let (key, newly_held) = match (behind_held, free) {
-            (Some(held), free) if free.is_none_or(|free| held < free) => {
-                (behind.pop_first()?.1, false)
-            }
-            _ => (self.ready.pop_first()?.1, true),
+        let (key, newly_held) = match behind.pop_first() {
+            Some((_, key)) => (key, false),
+            None => (self.ready.pop_first()?.1, true),
         };
         let job = self.take_first_of(&key)?;
         self.hold(batch, &key);
@@ -349,8 +346,8 @@ mod tests {
         let taken = scheduler.take_up_to(10, Duration::ZERO).await;
         assert_eq!(
             (first, jobs(&taken)),
-            (1, vec![3, 4, 5]),
-            "a is busy elsewhere; b's second job follows its first into the batch"
+            (1, vec![3, 5, 4]),
+            "a is busy elsewhere; b's second job follows its first into the batch, before c's"
         );
         drop(busy_a);
         drop(taken);
@@ -368,7 +365,7 @@ mod tests {
             scheduler.push(key(aggregate), job);
         }
         let mut batch = scheduler.take_up_to(10, Duration::ZERO).await;
-        assert_eq!(jobs(&batch), vec![1, 2, 3], "in arrival order");
+        assert_eq!(jobs(&batch), vec![1, 3, 2], "a's jobs, then b's");
         scheduler.push(key("a"), 4);
         drop(batch.remove(0));
         let other = tokio::time::timeout(Duration::from_millis(50), scheduler.take()).await;
@@ -376,5 +373,18 @@ mod tests {
         drop(batch);
         let next = scheduler.take_up_to(10, Duration::ZERO).await;
         assert_eq!(jobs(&next), vec![4]);
+    }
+
+    #[tokio::test]
+    async fn a_job_that_arrives_behind_a_key_the_filling_batch_holds_joins_it() {
+        let scheduler = Scheduler::new(1, 16);
+        scheduler.push(key("a"), 1);
+        let arrive = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            scheduler.push(key("a"), 2);
+            scheduler.close();
+        };
+        let (taken, ()) = tokio::join!(scheduler.take_up_to(10, Duration::from_secs(5)), arrive);
+        assert_eq!(jobs(&taken), vec![1, 2]);
     }
 }
