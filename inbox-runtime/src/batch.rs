@@ -2,12 +2,15 @@
 
 use std::time::Duration;
 
-/// How a running inbox batches: up to [`Batch::new`]'s size of ready jobs (of different
-/// aggregates; one aggregate's jobs keep their order, within and across batches) are guarded in
-/// one transaction that commits once, and their deliveries are acknowledged after it.
+/// How a running inbox batches: up to [`Batch::new`]'s size of ready jobs are guarded in one
+/// transaction that commits once, and their deliveries are acknowledged after it. A worker fills
+/// its batch first with the jobs waiting behind the aggregates the batch already holds, then with
+/// the oldest jobs of aggregates no other worker holds; one aggregate's jobs keep their order,
+/// within and across batches, each later one placed as if it came after the one before it.
 ///
 /// The batch claims all its messages, reads the duplicates' rows and advances their streams in
-/// one statement each, then runs each new message's handler. A handler's failure rolls the batch
+/// one statement each (one more for the streams with several messages in the batch), then runs
+/// each new message's handler. A handler's failure rolls the batch
 /// back: that failure is recorded (its handler does not run again for the attempt) and the other
 /// messages go in a new batch; a statement the database refuses sends each message to a
 /// transaction of its own, as does a batch in which a handler went on from a failed statement
