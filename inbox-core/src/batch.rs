@@ -7,10 +7,10 @@
 //! stale cost one write to be marked so). What is left per message is its handler: the check
 //! that no handler left the transaction aborted (PostgreSQL) runs once, before the commit. Where the
 //! database has no such statements (MySQL), or for a message the bulk claim could not decide (a
-//! retry that is due, strict ordering, a copy of an earlier message of the batch), the message is
-//! claimed and placed on its own, inside the same transaction. A batch may hold several messages
-//! of one stream, one after the other: they are placed in bulk too, as each would have been after
-//! the one before it.
+//! retry that is due, strict ordering), the message is claimed and placed on its own, inside the
+//! same transaction. A batch may hold several messages of one stream, one after the other: they
+//! are placed in bulk too, as each would have been after the one before it; and a copy of an
+//! earlier message of the batch is taken as seen from that one.
 //!
 //! The batch is optimistic: as long as every message is kept or found seen before, nothing needs
 //! undoing. When a handler fails, the whole transaction is rolled back and the batch is
