@@ -40,9 +40,8 @@ struct State<T> {
     keys: HashMap<Key, KeyQueue<T>>,
     /// Free keys with a waiting job, by the arrival number of their first waiting job.
     ready: BTreeMap<u64, Key>,
-    /// For each batch being filled, the keys it holds that have a job waiting, by the arrival
-    /// number of that job.
-    filling: HashMap<u64, BTreeMap<u64, Key>>,
+    /// Each batch being filled, by its number.
+    filling: HashMap<u64, Held>,
     /// The number of the next batch to fill.
     batches: u64,
     /// The arrival number of the next job pushed.
@@ -60,12 +59,19 @@ struct KeyQueue<T> {
     filling: Option<u64>,
 }
 
-/// A batch being filled: the keys it holds, marked as such until it is full (also when its
+/// The keys a batch being filled holds, and those of them with a job waiting, by the arrival
+/// number of that job.
+#[derive(Default)]
+struct Held {
+    keys: Vec<Key>,
+    behind: BTreeMap<u64, Key>,
+}
+
+/// A batch being filled: its keys are marked as held by it until it is full (also when its
 /// filling is abandoned).
 struct Filling<'s, T> {
     scheduler: &'s Scheduler<T>,
     batch: u64,
-    held: Vec<Key>,
 }
 
 /// A taken job's key: busy until this is dropped (also when the worker unwinds), so the
@@ -149,7 +155,7 @@ impl<T> Scheduler<T> {
         let Some(first) = self.take().await else {
             return Vec::new();
         };
-        let mut filling = self.fill(&first.1.key);
+        let filling = self.fill(&first.1.key);
         let mut taken = vec![first];
         let deadline = tokio::time::Instant::now() + linger;
         while taken.len() < most {
@@ -158,16 +164,13 @@ impl<T> Scheduler<T> {
             changed.as_mut().enable();
             let next = self.lock().take_ready(filling.batch);
             match next {
-                Some((key, job, newly_held)) => {
-                    if newly_held {
-                        filling.held.push(key.clone());
-                    }
-                    let busy = Busy {
+                Some((key, job)) => taken.push((
+                    job,
+                    Busy {
                         scheduler: self,
                         key,
-                    };
-                    taken.push((job, busy));
-                }
+                    },
+                )),
                 None if linger.is_zero() || self.lock().closed => break,
                 None => {
                     if tokio::time::timeout_at(deadline, changed).await.is_err() {
@@ -184,12 +187,11 @@ impl<T> Scheduler<T> {
         let mut state = self.lock();
         let batch = state.batches;
         state.batches += 1;
-        state.filling.insert(batch, BTreeMap::new());
+        state.filling.insert(batch, Held::default());
         state.hold(batch, key);
         Filling {
             scheduler: self,
             batch,
-            held: vec![key.clone()],
         }
     }
 
@@ -224,8 +226,8 @@ impl<T> State<T> {
                     self.ready.insert(arrival, key);
                 }
                 (_, Some(batch)) => {
-                    if let Some(behind) = self.filling.get_mut(&batch) {
-                        behind.insert(arrival, key);
+                    if let Some(held) = self.filling.get_mut(&batch) {
+                        held.behind.insert(arrival, key);
                     }
                 }
                 (_, None) => {}
@@ -244,38 +246,41 @@ impl<T> State<T> {
     }
 
     /// Removes, for `batch`, the oldest job waiting behind a key the batch holds (busy with its
-    /// earlier jobs), or else the oldest job of a free key, which the batch holds from then on
-    /// (and says so). Taking an aggregate's later jobs first fills a batch with fewer aggregates,
-    /// and leaves more of them to the other workers.
-    fn take_ready(&mut self, batch: u64) -> Option<(Key, T, bool)> {
-        let behind = self.filling.get_mut(&batch)?;
-        let (key, newly_held) = match behind.pop_first() {
-            Some((_, key)) => (key, false),
-            None => (self.ready.pop_first()?.1, true),
+    /// earlier jobs), or else the oldest job of a free key, which the batch holds from then on.
+    /// Taking an aggregate's later jobs first fills a batch with fewer aggregates, and leaves
+    /// more of them to the other workers.
+    fn take_ready(&mut self, batch: u64) -> Option<(Key, T)> {
+        let held = self.filling.get_mut(&batch)?;
+        let key = match held.behind.pop_first() {
+            Some((_, key)) => key,
+            None => self.ready.pop_first()?.1,
         };
         let job = self.take_first_of(&key)?;
         self.hold(batch, &key);
-        Some((key, job, newly_held))
+        Some((key, job))
     }
 
     /// Marks `key` as held by `batch`, its next waiting job (if any) one the batch may take.
     fn hold(&mut self, batch: u64, key: &Key) {
-        let Some(queue) = self.keys.get_mut(key) else {
+        let (Some(queue), Some(held)) = (self.keys.get_mut(key), self.filling.get_mut(&batch))
+        else {
             return;
         };
-        queue.filling = Some(batch);
-        if let (Some((arrival, _)), Some(behind)) =
-            (queue.jobs.front(), self.filling.get_mut(&batch))
-        {
-            behind.insert(*arrival, key.clone());
+        if queue.filling.replace(batch).is_none() {
+            held.keys.push(key.clone());
+        }
+        if let Some((arrival, _)) = queue.jobs.front() {
+            held.behind.insert(*arrival, key.clone());
         }
     }
 
     /// Ends the filling of `batch`: the jobs behind its keys wait for the keys to be free.
-    fn filled(&mut self, batch: u64, held: &[Key]) {
-        self.filling.remove(&batch);
-        for key in held {
-            if let Some(queue) = self.keys.get_mut(key) {
+    fn filled(&mut self, batch: u64) {
+        let Some(held) = self.filling.remove(&batch) else {
+            return;
+        };
+        for key in held.keys {
+            if let Some(queue) = self.keys.get_mut(&key) {
                 queue.filling = None;
             }
         }
@@ -313,7 +318,7 @@ impl<T> State<T> {
 
 impl<T> Drop for Filling<'_, T> {
     fn drop(&mut self) {
-        self.scheduler.lock().filled(self.batch, &self.held);
+        self.scheduler.lock().filled(self.batch);
     }
 }
 
