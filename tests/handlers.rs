@@ -300,3 +300,37 @@ macro_rules! handlers_suite {
 }
 
 common::on_every_backend!(handlers_suite, batched);
+
+/// A SQLite database migrated before its dedup table became a rowid table keeps every row, and
+/// dedup, through the rebuild.
+#[tokio::test]
+async fn sqlite_dedup_rows_survive_the_rebuild_of_their_table() {
+    use inbox::Backend;
+
+    let Some(pool) = common::sqlite_without_schema("dedup_rebuild").await else {
+        return;
+    };
+    let mut before_rebuild = sqlx::Sqlite::migrations();
+    before_rebuild.dangerous_set_table_name(inbox::MIGRATIONS_TABLE);
+    before_rebuild.run_to(8, &pool).await.unwrap();
+    let seen = TenantEvent::new("t1", 1);
+    let processed = count_tenant_event
+        .process(&pool, seen.clone())
+        .await
+        .unwrap();
+    assert_eq!(processed, Outcome::Processed);
+
+    inbox::migrate(&pool).await.unwrap();
+
+    let again = count_tenant_event.process(&pool, seen).await.unwrap();
+    let other = count_tenant_event
+        .process(&pool, TenantEvent::new("t1", 2))
+        .await
+        .unwrap();
+    assert_eq!((again, other), (Outcome::Duplicate, Outcome::Processed));
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT rowid FROM inbox_messages ORDER BY rowid")
+        .fetch_all(&pool)
+        .await
+        .expect("a rowid table");
+    assert_eq!(rows.len(), 2);
+}
