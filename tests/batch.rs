@@ -300,3 +300,39 @@ macro_rules! batch_suite {
 }
 
 common::on_every_backend!(batch_suite);
+
+/// On PostgreSQL a batch looks up the rows it found already there by their key, an index lookup
+/// each, however many rows the consumer has and whatever the planner's statistics say: a
+/// redelivery in a batch never scans the consumer's rows.
+#[tokio::test]
+async fn postgres_batch_reads_the_rows_already_there_by_their_key() {
+    use inbox::Backend;
+
+    let Some(pool) = common::postgres("seen_by_key").await else {
+        return;
+    };
+    let rows = "INSERT INTO inbox_messages \
+        (consumer, handler, message_id, message_type, status, payload_hash) \
+        SELECT 'billing', 'step', 'm-' || n, 'batch.step', 'processed', '\\x00' \
+        FROM generate_series(1, 5000) AS n";
+    sqlx::query(rows).execute(&pool).await.unwrap();
+    sqlx::query("ANALYZE inbox_messages")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let seen = sqlx::Postgres::SQL.batch.expect("bulk statements").seen;
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {seen}")))
+        .bind("billing")
+        .bind(r#"[{"handler": "step", "message_id": "m-7"}]"#)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Index Scan using inbox_messages_pkey"),
+        "{plan}"
+    );
+    assert!(!plan.contains("Hash") && !plan.contains("Bitmap"), "{plan}");
+}

@@ -409,7 +409,9 @@ pub(super) const SQL: Statements = Statements {
         ),
     },
     // Rows are written in key order, so that two batches never wait for each other's rows in
-    // opposite orders; each row found is one lookup of its key, whatever the statistics say.
+    // opposite orders; each row found is one lookup of its key, whatever the statistics say
+    // (the `LIMIT` keeps the planner from folding the lookup into a join that reads every row of
+    // the consumer).
     batch: Some(BatchSql {
         claim: "INSERT INTO inbox_messages \
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
@@ -422,7 +424,7 @@ pub(super) const SQL: Statements = Statements {
         seen: "SELECT m.payload_hash, m.status, m.retry_at_ms, m.handler, m.message_id \
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text), \
             LATERAL (SELECT * FROM inbox_messages WHERE consumer = $1 AND handler = r.handler \
-            AND message_id = r.message_id) m",
+            AND message_id = r.message_id LIMIT 1) m",
         advance: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
             SELECT $1, r.handler, r.aggregate_id, r.sequence_number \
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, aggregate_id text, sequence_number int8) \
