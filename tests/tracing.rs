@@ -154,3 +154,50 @@ async fn each_message_has_a_span_with_the_messaging_conventions() {
     }
     assert_eq!(spans[1]["inbox.outcome"], "duplicate");
 }
+
+/// The SQL of every statement sqlx ran, in order.
+#[derive(Clone, Default)]
+struct Statements(Arc<Mutex<Vec<String>>>);
+
+impl<S: Subscriber> Layer<S> for Statements {
+    fn on_event(&self, event: &Event<'_>, _: LayerContext<'_, S>) {
+        if event.metadata().target() != "sqlx::query" {
+            return;
+        }
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        if let Some(sql) = fields.remove("db.statement") {
+            self.0.lock().unwrap().push(sql);
+        }
+    }
+}
+
+/// On PostgreSQL one statement claims a message's dedup row and advances its stream, for a new
+/// message and for a stale one alike.
+#[tokio::test]
+async fn postgres_claims_a_message_and_advances_its_stream_in_one_statement() {
+    let Some(pool) = common::postgres("claim_and_advance").await else {
+        return;
+    };
+    let statements = Statements::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(statements.clone()));
+    let paid_at = |event_id: &str, sequence| Paid {
+        event_id: event_id.into(),
+        order: "o-1".into(),
+        sequence,
+    };
+
+    let newer = paid.process(&pool, paid_at("e-2", 2)).await.unwrap();
+    let older = paid.process(&pool, paid_at("e-1", 1)).await.unwrap();
+
+    assert_eq!((newer, older), (Outcome::Processed, Outcome::Stale));
+    let statements = statements.0.lock().unwrap().clone();
+    let streams: Vec<&String> = statements
+        .iter()
+        .filter(|sql| sql.contains("inbox_streams"))
+        .collect();
+    assert_eq!(streams.len(), 2, "{statements:#?}");
+    let claims_too = |sql: &&String| sql.contains("INSERT INTO inbox_messages");
+    assert!(streams.iter().all(claims_too), "{statements:#?}");
+}

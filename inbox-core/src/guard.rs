@@ -276,9 +276,9 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
     found: Found,
     check: OpenCheck,
 ) -> Result<Step<'c, DB>, Error> {
-    let claimed = match found.claimed {
-        Some(claimed) => claimed,
-        None => messages::claim(&mut tx, claim).await?,
+    let (claimed, placed) = match found.claimed {
+        Some(claimed) => (claimed, found.placed),
+        None => claim_placing(&mut tx, claim, handler.ordering()).await?,
     };
     let attempt = match claimed {
         Claimed::New => 1,
@@ -286,7 +286,7 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
         Claimed::Seen(seen) => return seen_step(tx, claim, delivery, &seen).await,
     };
     tracing::Span::current().record("inbox.attempt", attempt);
-    let position = match found.placed {
+    let position = match placed {
         Some(position) => position,
         None => position(&mut tx, claim, handler.ordering()).await?,
     };
@@ -537,6 +537,32 @@ pub(crate) enum Position {
     Ahead,
 }
 
+impl Position {
+    /// Where a message is under monotonic ordering once its stream was advanced to it: next if
+    /// the stream moved, stale if it was at this sequence or past it already.
+    pub(crate) fn after_advance(moved: bool) -> Self {
+        match moved {
+            true => Position::Next,
+            false => Position::Stale,
+        }
+    }
+}
+
+/// Claims `claim`'s dedup row; under monotonic ordering, where the database can, a new
+/// message's stream is advanced by the same statement and its position comes with the claim.
+async fn claim_placing<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+    ordering: Ordering,
+) -> Result<(Claimed, Option<Position>), Error> {
+    let in_stream = claim.stream().is_some() && claim.sequence.is_some();
+    if !(in_stream && matches!(ordering, Ordering::Monotonic)) {
+        return Ok((messages::claim(tx, claim).await?, None));
+    }
+    let (claimed, moved) = messages::claim_advancing(tx, claim).await?;
+    Ok((claimed, moved.map(Position::after_advance)))
+}
+
 /// Takes the aggregate's stream lock and applies the sequence guard.
 async fn position<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
@@ -552,11 +578,7 @@ async fn position<DB: Backend>(
     };
     if let Ordering::Monotonic = ordering {
         let advanced = streams::advance(tx, &stream, sequence).await?;
-        return Ok(if advanced {
-            Position::Next
-        } else {
-            Position::Stale
-        });
+        return Ok(Position::after_advance(advanced));
     }
     let last = streams::lock(tx, &stream).await?;
     Ok(match sequence.saturating_sub(last) {

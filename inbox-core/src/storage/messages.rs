@@ -96,9 +96,28 @@ pub async fn claim<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     claim: &Claim<'_>,
 ) -> Result<Claimed, sqlx::Error> {
+    Ok(claim_with(tx, claim, None).await?.0)
+}
+
+/// Claims as [`claim`]; for a new message, where the database can in the same statement
+/// ([`MessageSql::claim_and_advance`](super::MessageSql::claim_and_advance)), also advances its
+/// stream as [`super::streams::advance`] does and says whether the stream moved (`None`: not
+/// advanced). Only for a claim with a stream and a sequence, under monotonic ordering.
+pub async fn claim_advancing<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+) -> Result<(Claimed, Option<bool>), sqlx::Error> {
+    claim_with(tx, claim, DB::SQL.messages.claim_and_advance).await
+}
+
+async fn claim_with<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+    advancing: Option<&'static str>,
+) -> Result<(Claimed, Option<bool>), sqlx::Error> {
     // A row that conflicts and is then gone was purged in between: claim it again.
     for _ in 0..3 {
-        if let Some(claimed) = try_claim(tx, claim).await? {
+        if let Some(claimed) = try_claim(tx, claim, advancing).await? {
             return Ok(claimed);
         }
     }
@@ -108,13 +127,25 @@ pub async fn claim<DB: Backend>(
 async fn try_claim<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     claim: &Claim<'_>,
-) -> Result<Option<Claimed>, sqlx::Error> {
-    let sql = DB::SQL.messages;
-    let found = match claim_or_seen(tx, claim).await? {
-        Inserted::New => return Ok(Some(Claimed::New)),
+    advancing: Option<&'static str>,
+) -> Result<Option<(Claimed, Option<bool>)>, sqlx::Error> {
+    let found = match claim_or_seen(tx, claim, advancing).await? {
+        Inserted::New { moved } => return Ok(Some((Claimed::New, moved))),
         Inserted::NotVisible => return Ok(None),
         Inserted::There(found) => found,
     };
+    Ok(there(tx, claim, found)
+        .await?
+        .map(|claimed| (claimed, None)))
+}
+
+/// What a claim whose row is there (`found`) comes to: seen, or a retry that is due taken for
+/// its next attempt; `None` if the row went away meanwhile.
+async fn there<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    claim: &Claim<'_>,
+    found: Seen,
+) -> Result<Option<Claimed>, sqlx::Error> {
     if !found.retry_due_for(claim) {
         return Ok(Some(Claimed::Seen(found)));
     }
@@ -126,7 +157,7 @@ async fn try_claim<DB: Backend>(
         Param::Bytes(claim.payload_hash),
         Param::Int(claim.now_ms),
     ];
-    match failed_attempts(tx, sql.retry_claim, &write, &claim.key()).await? {
+    match failed_attempts(tx, DB::SQL.messages.retry_claim, &write, &claim.key()).await? {
         Some(failed) => Ok(Some(Claimed::Retry {
             attempt: failed + 1,
         })),
@@ -136,38 +167,43 @@ async fn try_claim<DB: Backend>(
 
 /// What inserting a claim's dedup row found.
 enum Inserted {
-    /// The row is new.
-    New,
+    /// The row is new; `moved` says whether its stream moved, where the statement advanced it.
+    New { moved: Option<bool> },
     /// A row was there already.
     There(Seen),
     /// A row is there that this statement could not see (committed after it began).
     NotVisible,
 }
 
-/// Inserts the claim's row, or reads the row already there.
+/// Inserts the claim's row (with `advancing`, advancing its stream too), or reads the row
+/// already there.
 async fn claim_or_seen<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     claim: &Claim<'_>,
+    advancing: Option<&'static str>,
 ) -> Result<Inserted, sqlx::Error> {
     let sql = DB::SQL.messages;
     let params = claim_params(claim);
-    if let Some(statement) = sql.claim_or_seen {
+    if let Some(statement) = advancing.or(sql.claim_or_seen) {
         let row = sql::fetch_optional::<DB, Inserted>(sql::conn(tx), statement, &params).await?;
         return Ok(row.unwrap_or(Inserted::NotVisible));
     }
     if insert_unless_there::<DB>(sql::conn(tx), sql.claim, &params).await? {
-        return Ok(Inserted::New);
+        return Ok(Inserted::New { moved: None });
     }
     let found = seen(tx, &claim.key()).await?;
     Ok(found.map_or(Inserted::NotVisible, Inserted::There))
 }
 
 /// A row of [`MessageSql::claim_or_seen`](super::MessageSql::claim_or_seen): the row already
-/// there, or, with a status of `NULL`, the one it inserted.
+/// there, or, with a status of `NULL`, the one it inserted (and how many streams moved, where it
+/// advanced them).
 impl FromColumns for Inserted {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
         match row.maybe_text(1)? {
-            None => Ok(Inserted::New),
+            None => Ok(Inserted::New {
+                moved: row.maybe_int(3)?.map(|moved| moved > 0),
+            }),
             Some(_) => Seen::from_columns(row).map(Inserted::There),
         }
     }

@@ -169,6 +169,11 @@ pub struct MessageSql {
     /// again). `None` where the database cannot write and read in one statement (SQLite, whose
     /// statements cost no round trip, and MySQL).
     pub claim_or_seen: Option<&'static str>,
+    /// As [`MessageSql::claim_or_seen`], and when it inserted, advances the message's stream as
+    /// [`StreamSql::advance`] does, in the same statement ([`messages::claim_advancing`]): the row
+    /// it inserted says in a fourth column how many streams moved (1, or 0 when the message is
+    /// stale). `None` where the database has no such statement.
+    pub claim_and_advance: Option<&'static str>,
     /// Takes a due `failed` row of the same content for its next attempt; gives its attempt count ([`messages::claim`]).
     pub retry_claim: Returning,
     /// Reads a dedup row's hash, status and retry time ([`messages::seen`]).

@@ -57,6 +57,7 @@ const SQL: Statements = Statements {
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
             VALUES (?, ?, ?, ?, ?, ?, 'processed', ?, CURRENT_TIMESTAMP(6))",
         claim_or_seen: None,
+        claim_and_advance: None,
         retry_claim: Returning::ThenRead {
             write: "UPDATE inbox_messages \
                 SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP(6) \

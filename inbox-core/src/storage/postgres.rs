@@ -29,6 +29,24 @@ macro_rules! select_outbox {
 pub(super) use select_outbox;
 
 /// The claim's order check: no message of the row's aggregate written before it is unpublished.
+/// Inserts a claim's dedup row unless one is there (`claimed` holds a row if it inserted).
+macro_rules! claimed {
+    () => {
+        "WITH claimed AS (INSERT INTO inbox_messages \
+        (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+        VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
+        ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING 1) "
+    };
+}
+
+/// After the row `claimed` gives when it inserted: the row that was there, when it did not.
+macro_rules! seen_unless_claimed {
+    () => {
+        "UNION ALL SELECT payload_hash, status, retry_at_ms, NULL FROM inbox_messages \
+        WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND NOT EXISTS (SELECT 1 FROM claimed)"
+    };
+}
+
 macro_rules! first_of_aggregate {
     () => {
         "(aggregate_id IS NULL OR NOT EXISTS (SELECT 1 FROM inbox_outbox e \
@@ -257,15 +275,21 @@ pub(super) const SQL: Statements = Statements {
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
             VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
             ON CONFLICT (consumer, handler, message_id) DO NOTHING",
-        claim_or_seen: Some(
-            "WITH claimed AS (INSERT INTO inbox_messages \
-            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
-            VALUES ($1, $2, $3, $4, $5, $6, 'processed', $7, CURRENT_TIMESTAMP) \
-            ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING 1) \
-            SELECT NULL::bytea, NULL::text, NULL::bigint FROM claimed \
-            UNION ALL SELECT payload_hash, status, retry_at_ms FROM inbox_messages \
-            WHERE consumer = $1 AND handler = $2 AND message_id = $3 AND NOT EXISTS (SELECT 1 FROM claimed)",
-        ),
+        claim_or_seen: Some(concat!(
+            claimed!(),
+            "SELECT NULL::bytea, NULL::text, NULL::bigint, NULL::bigint FROM claimed ",
+            seen_unless_claimed!()
+        )),
+        // The stream is locked after the dedup row, as when they are two statements.
+        claim_and_advance: Some(concat!(
+            claimed!(),
+            ", advanced AS (INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+            SELECT $1, $2, $5, $6 FROM claimed ON CONFLICT (consumer, handler, aggregate_id) \
+            DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
+            WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING 1) ",
+            "SELECT NULL::bytea, NULL::text, NULL::bigint, (SELECT COUNT(*) FROM advanced) FROM claimed ",
+            seen_unless_claimed!()
+        )),
         retry_claim: Returning::Inline(
             "UPDATE inbox_messages \
             SET status = 'processed', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \

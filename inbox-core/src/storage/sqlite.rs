@@ -42,6 +42,7 @@ const SQL: Statements = Statements {
     messages: MessageSql {
         check_open: None,
         claim_or_seen: None,
+        claim_and_advance: None,
         ..postgres::SQL.messages
     },
     streams: StreamSql {
