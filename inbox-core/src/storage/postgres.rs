@@ -28,7 +28,6 @@ macro_rules! select_outbox {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use select_outbox;
 
-/// The claim's order check: no message of the row's aggregate written before it is unpublished.
 /// Inserts a claim's dedup row unless one is there (`claimed` holds a row if it inserted).
 macro_rules! claimed {
     () => {
@@ -47,6 +46,7 @@ macro_rules! seen_unless_claimed {
     };
 }
 
+/// The claim's order check: no message of the row's aggregate written before it is unpublished.
 macro_rules! first_of_aggregate {
     () => {
         "(aggregate_id IS NULL OR NOT EXISTS (SELECT 1 FROM inbox_outbox e \
