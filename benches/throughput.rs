@@ -16,13 +16,15 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use inbox::Backend;
 use inbox::prelude::*;
-use inbox::{Backend, Batch, MemoryBroker};
 use sqlx::{Pool, Postgres};
 
 mod ledger;
+mod runtime;
 
 use ledger::{Credited, credit_postgres, credit_sqlite};
+use runtime::Setup;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
@@ -105,26 +107,14 @@ async fn runtime<DB: Backend>(
     workers: usize,
     batch: Option<usize>,
 ) -> Result<f64, Failure> {
-    let broker = MemoryBroker::new();
-    for delivery in deliveries {
-        broker.publish(delivery.clone());
-    }
-    broker.close();
-    let consumer = format!("bench-{}", Uuid::new_v4());
-    let builder = Inbox::builder(pool.clone())
-        .consumer(consumer)
-        .workers(workers);
-    let builder = match batch {
-        Some(size) => builder.batch(Batch::new(size)),
-        None => builder,
+    let setup = Setup {
+        consumer: format!("bench-{}", Uuid::new_v4()),
+        workers,
+        batch,
     };
-    let inbox = builder.handler(handler).build().await?;
-    let started = Instant::now();
-    let report = inbox.run(broker.source()).await?;
-    let elapsed = started.elapsed();
-    assert_eq!(report.acked, deliveries.len() as u64, "{report:?}");
+    let (report, rate) = runtime::run(pool, handler, deliveries, setup).await?;
     assert_eq!(report.handler_calls_with(Outcome::Stale), 0, "{report:?}");
-    Ok(deliveries.len() as f64 / elapsed.as_secs_f64())
+    Ok(rate)
 }
 
 /// Runs `deliveries` through `process()` from `workers` tasks taking them in order from one

@@ -236,7 +236,7 @@ macro_rules! batch_suite {
 
             // Two streams' messages in one batch: r's in a run with a late one, a copy and a
             // conflicting copy inside; p's first one stale, so the ones after it take their
-            // place on their own.
+            // place after where p's stream stands.
             let deliveries = [
                 ("run-r1", "acct-run-r", 1),
                 ("run-p1", "acct-run-p", 1),
@@ -301,9 +301,10 @@ macro_rules! batch_suite {
 
 common::on_every_backend!(batch_suite);
 
-/// On PostgreSQL a batch looks up the rows it found already there by their key, an index lookup
-/// each, however many rows the consumer has and whatever the planner's statistics say: a
-/// redelivery in a batch never scans the consumer's rows.
+/// On PostgreSQL a batch looks up the rows it found already there, settles its stale ones and
+/// reads where its streams stand by their keys, an index lookup each, however many rows the
+/// consumer has and whatever the planner's statistics say: a batch never scans the consumer's
+/// rows.
 #[tokio::test]
 async fn postgres_batch_reads_the_rows_already_there_by_their_key() {
     use inbox::Backend;
@@ -311,28 +312,41 @@ async fn postgres_batch_reads_the_rows_already_there_by_their_key() {
     let Some(pool) = common::postgres("seen_by_key").await else {
         return;
     };
-    let rows = "INSERT INTO inbox_messages \
+    let rows = [
+        "INSERT INTO inbox_messages \
         (consumer, handler, message_id, message_type, status, payload_hash) \
         SELECT 'billing', 'step', 'm-' || n, 'batch.step', 'processed', '\\x00' \
-        FROM generate_series(1, 5000) AS n";
-    sqlx::query(rows).execute(&pool).await.unwrap();
-    sqlx::query("ANALYZE inbox_messages")
-        .execute(&pool)
-        .await
-        .unwrap();
+        FROM generate_series(1, 5000) AS n",
+        "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+        SELECT 'billing', 'step', 'a-' || n, n FROM generate_series(1, 5000) AS n",
+        "ANALYZE inbox_messages",
+        "ANALYZE inbox_streams",
+    ];
+    for sql in rows {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
 
-    let seen = sqlx::Postgres::SQL.batch.expect("bulk statements").seen;
-    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {seen}")))
-        .bind("billing")
-        .bind(r#"[{"handler": "step", "message_id": "m-7"}]"#)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let bulk = sqlx::Postgres::SQL.batch.expect("bulk statements");
+    let messages = r#"[{"handler": "step", "message_id": "m-7"}]"#;
+    let streams = r#"[{"handler": "step", "aggregate_id": "a-7"}]"#;
+    let statements = [
+        (bulk.seen, messages, "inbox_messages_pkey"),
+        (bulk.settle_stale, messages, "inbox_messages_pkey"),
+        (bulk.last_sequences, streams, "inbox_streams_pkey"),
+    ];
+    for (sql, document, index) in statements {
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .bind("billing")
+            .bind(document)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
 
-    let plan = plan.join("\n");
-    assert!(
-        plan.contains("Index Scan using inbox_messages_pkey"),
-        "{plan}"
-    );
-    assert!(!plan.contains("Hash") && !plan.contains("Bitmap"), "{plan}");
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains(&format!("Index Scan using {index}")),
+            "{plan}"
+        );
+        assert!(!plan.contains("Hash") && !plan.contains("Bitmap"), "{plan}");
+    }
 }

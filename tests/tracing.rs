@@ -201,3 +201,48 @@ async fn postgres_claims_a_message_and_advances_its_stream_in_one_statement() {
     let claims_too = |sql: &&String| sql.contains("INSERT INTO inbox_messages");
     assert!(streams.iter().all(claims_too), "{statements:#?}");
 }
+
+/// On PostgreSQL a batch settles its stale messages in one statement, and places a stream's
+/// messages after a stale first one in bulk too: a replayed run of late messages costs the
+/// batch a fixed number of statements, however many messages it holds.
+#[tokio::test]
+async fn postgres_batch_settles_its_stale_messages_in_one_statement() {
+    let Some(pool) = common::postgres("stale_in_bulk").await else {
+        return;
+    };
+    let paid_at = |sequence: i64| Paid {
+        event_id: format!("e-{sequence}"),
+        order: "o-1".into(),
+        sequence,
+    };
+    paid.process(&pool, paid_at(100)).await.unwrap();
+    let inbox = Inbox::builder(pool.clone())
+        .workers(1)
+        .batch(inbox::Batch::new(32).linger(Duration::from_millis(300)))
+        .handler(paid)
+        .build()
+        .await
+        .unwrap();
+    let broker = inbox::MemoryBroker::new();
+    let sequences = (1..=10).chain([101, 102]);
+    for sequence in sequences {
+        broker.publish(Envelope::encode(format!("d-{sequence}"), &paid_at(sequence)).unwrap());
+    }
+    broker.close();
+    let statements = Statements::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(statements.clone()));
+
+    let report = inbox.run(broker.source()).await.unwrap();
+
+    let outcomes = [Outcome::Stale, Outcome::Processed].map(|o| report.handler_calls_with(o));
+    assert_eq!(outcomes, [10, 2], "{report:?}");
+    let statements = statements.0.lock().unwrap().clone();
+    let touching = |table: &str| statements.iter().filter(|sql| sql.contains(table)).count();
+    // Advance every stream, read where the unmoved ones stand, move them on past the late ones.
+    assert_eq!(touching("inbox_streams"), 3, "{statements:#?}");
+    assert_eq!(touching("UPDATE inbox_messages"), 1, "{statements:#?}");
+    let last = "SELECT last_sequence FROM inbox_streams";
+    let last: i64 = sqlx::query_scalar(last).fetch_one(&pool).await.unwrap();
+    assert_eq!(last, 102);
+}

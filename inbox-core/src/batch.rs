@@ -26,7 +26,7 @@
 //! message of a batch fails, the handlers that ran before it in the batch run again, their first
 //! run rolled back and never committed.
 
-use std::collections::{HashMap, hash_map};
+use std::collections::{HashMap, HashSet, hash_map};
 
 use sqlx::Transaction;
 use tracing::{Instrument, Span};
@@ -39,8 +39,9 @@ use crate::keys::{Claim, MessageStatus, Ordering};
 use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
+use crate::storage::Backend;
+use crate::storage::bulk::{self, StreamKey};
 use crate::storage::messages::{self, Claimed, Seen};
-use crate::storage::{Backend, bulk};
 
 /// An open batch: one transaction that guarded messages join until it commits.
 pub struct Batch<'c, DB: Backend> {
@@ -191,11 +192,12 @@ impl<'c, DB: Backend> Batch<'c, DB> {
     }
 
     /// Places in bulk the newly claimed messages of monotonic ordering: one statement advances
-    /// each stream to its first message's sequence (or finds it stale), and where a stream moved,
-    /// its later messages of the batch are placed after it (newer than the last applied: next;
-    /// else stale) and the same statement once more moves the stream to the last one applied. A stream's
-    /// messages after one the bulk claim did not decide (a retry that is due) take their place on
-    /// their own, as do those after a first one that is stale.
+    /// each stream to its first message's sequence (or finds it stale), one reads where the
+    /// streams that did not move stand, and each stream's messages of the batch are placed after
+    /// that (newer than the last applied: next; else stale); the same advance once more moves the
+    /// streams to the last ones applied, and one statement settles every stale one. A stream's
+    /// messages after one the bulk claim did not decide (a retry that is due) take their place
+    /// on their own.
     async fn place_all(
         &mut self,
         consumer: &str,
@@ -212,15 +214,17 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         let advanced = bulk::advance(&mut self.tx, consumer, &firsts)
             .await
             .map_err(refused)?;
+        let behind = self.behind(consumer, &runs, &advanced).await?;
         let mut extended = Vec::new();
         for run in &runs {
             let (handler, aggregate, first) = run.first();
-            if !advanced.contains(&(handler.to_owned(), aggregate.to_owned())) {
-                found[run.messages[0].0].placed = Some(Position::Stale);
-                continue;
-            }
-            let last = run.place(found);
-            if last != first {
+            // Where the stream stood before the run, and where it stands now.
+            let (before, now) = match behind.get(&run.stream()) {
+                None => (i64::MIN, first),
+                Some(&last) => (last, last),
+            };
+            let last = run.place(found, before);
+            if last > now {
                 extended.push((handler, aggregate, last));
             }
         }
@@ -228,6 +232,57 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             bulk::advance(&mut self.tx, consumer, &extended)
                 .await
                 .map_err(refused)?;
+        }
+        self.settle_stale(consumer, claims, found).await
+    }
+
+    /// The last applied sequence of each stream of `runs` that the bulk advance did not move (its
+    /// first message was stale): the row is there, locked by the advance.
+    async fn behind(
+        &mut self,
+        consumer: &str,
+        runs: &[Run<'_>],
+        advanced: &HashSet<StreamKey>,
+    ) -> Result<HashMap<StreamKey, i64>, Abandoned> {
+        let behind: Vec<(&str, &str)> = runs
+            .iter()
+            .filter(|run| !advanced.contains(&run.stream()))
+            .map(|run| (run.handler, run.aggregate))
+            .collect();
+        if behind.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let lasts = bulk::last_sequences(&mut self.tx, consumer, &behind)
+            .await
+            .map_err(refused)?;
+        match lasts.len() == behind.len() {
+            true => Ok(lasts),
+            // A stream row gone from under its lock: the database did not keep its promise.
+            false => Err(refused(sqlx::Error::RowNotFound)),
+        }
+    }
+
+    /// Settles in one statement the messages that bulk placing found stale.
+    async fn settle_stale(
+        &mut self,
+        consumer: &str,
+        claims: &[(usize, Claim<'_>)],
+        found: &mut [Found],
+    ) -> Result<(), Abandoned> {
+        let stale: Vec<(usize, (&str, &str))> = claims
+            .iter()
+            .filter(|(at, _)| found[*at].placed == Some(Position::Stale))
+            .map(|(at, claim)| (*at, (claim.handler, claim.message_id)))
+            .collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<(&str, &str)> = stale.iter().map(|(_, key)| *key).collect();
+        bulk::settle_stale(&mut self.tx, consumer, &keys)
+            .await
+            .map_err(refused)?;
+        for (at, _) in stale {
+            found[at].settled = true;
         }
         Ok(())
     }
@@ -297,11 +352,15 @@ impl<'a> Run<'a> {
         (self.handler, self.aggregate, self.messages[0].1)
     }
 
-    /// Once the first message advanced the stream: each message is next if it is newer than the
-    /// last one applied, else stale, as one after the other on their own. Returns the sequence
-    /// of the last one applied.
-    fn place(&self, found: &mut [Found]) -> i64 {
-        let mut last = i64::MIN;
+    /// The stream's key.
+    fn stream(&self) -> StreamKey {
+        (self.handler.to_owned(), self.aggregate.to_owned())
+    }
+
+    /// Places each message after the stream's last applied sequence `last` (`i64::MIN` where the
+    /// first message advanced the stream): next if it is newer than the last one applied, else
+    /// stale, as one after the other on their own. Returns the sequence of the last one applied.
+    fn place(&self, found: &mut [Found], mut last: i64) -> i64 {
         for &(at, sequence) in &self.messages {
             let newer = sequence > last;
             found[at].placed = Some(match newer {
@@ -448,7 +507,7 @@ mod tests {
     fn found(claimed: Option<Claimed>) -> Found {
         Found {
             claimed,
-            placed: None,
+            ..Found::default()
         }
     }
 
@@ -487,11 +546,18 @@ mod tests {
             [("a", vec![0, 3, 5]), ("b", vec![1])],
             "a's seen message is no part of its run; b's run ends at the retry left undecided"
         );
-        assert_eq!(monotonic[0].place(&mut found), 3);
-        let positions = [0, 3, 5].map(|at| found[at].placed);
+        let positions = |found: &[Found]| [0, 3, 5].map(|at| found[at].placed);
+        assert_eq!(monotonic[0].place(&mut found, i64::MIN), 3);
         assert_eq!(
-            positions,
-            [Position::Next, Position::Next, Position::Stale].map(Some)
+            positions(&found),
+            [Position::Next, Position::Next, Position::Stale].map(Some),
+            "after the first one, which moved the stream"
+        );
+        assert_eq!(monotonic[0].place(&mut found, 2), 3);
+        assert_eq!(
+            positions(&found),
+            [Position::Stale, Position::Next, Position::Stale].map(Some),
+            "after a stream that stood at 2"
         );
         assert!(
             runs(&claims, &found, |_| false).is_empty(),

@@ -240,6 +240,8 @@ pub(crate) struct Found {
     pub(crate) claimed: Option<Claimed>,
     /// Where it stands in its stream.
     pub(crate) placed: Option<Position>,
+    /// Its dedup row says `stale` already: the batch settled its stale messages together.
+    pub(crate) settled: bool,
 }
 
 /// When the guard makes sure that a handler that returned `Ok` left its transaction able to
@@ -280,6 +282,7 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
         Some(claimed) => (claimed, found.placed),
         None => claim_placing(&mut tx, claim, handler.ordering()).await?,
     };
+    let settled = found.settled;
     let attempt = match claimed {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
@@ -292,7 +295,9 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
     };
     let outcome = match position {
         Position::Stale => {
-            messages::settle(&mut tx, &claim.key(), MessageStatus::Stale).await?;
+            if !settled {
+                messages::settle(&mut tx, &claim.key(), MessageStatus::Stale).await?;
+            }
             Outcome::Stale
         }
         Position::Ahead => {

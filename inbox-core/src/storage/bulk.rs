@@ -40,6 +40,29 @@ struct StreamRow<'a> {
     sequence_number: i64,
 }
 
+/// A dedup row's key, as a bulk statement reads it from the document.
+#[derive(Serialize)]
+struct MessageRow<'a> {
+    handler: &'a str,
+    message_id: &'a str,
+}
+
+/// A stream's key, as a bulk statement reads it from the document.
+#[derive(Serialize)]
+struct StreamKeyRow<'a> {
+    handler: &'a str,
+    aggregate_id: &'a str,
+}
+
+/// A stream's last applied sequence, read back with its key.
+struct LastSequence(StreamKey, i64);
+
+impl FromColumns for LastSequence {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok(LastSequence((row.text(0)?, row.text(1)?), row.int(2)?))
+    }
+}
+
 /// A key read back from a bulk statement.
 struct Keyed(String, String);
 
@@ -99,18 +122,7 @@ pub async fn seen<DB: Backend>(
     consumer: &str,
     keys: &[(&str, &str)],
 ) -> Result<HashMap<RowKey, Seen>, sqlx::Error> {
-    #[derive(Serialize)]
-    struct Key<'a> {
-        handler: &'a str,
-        message_id: &'a str,
-    }
-    let rows: Vec<Key<'_>> = keys
-        .iter()
-        .map(|&(handler, message_id)| Key {
-            handler,
-            message_id,
-        })
-        .collect();
+    let rows = message_rows(keys);
     let sql = statements::<DB>()?.seen;
     let found: Vec<SeenRow> = fetch_rows::<DB, _>(tx, sql, consumer, &rows).await?;
     Ok(found
@@ -140,6 +152,53 @@ pub async fn advance<DB: Backend>(
     keys::<DB>(tx, sql, consumer, &rows).await
 }
 
+/// The last applied sequence of each of `consumer`'s `streams` (handler, aggregate) that has a
+/// row, by stream.
+pub async fn last_sequences<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    consumer: &str,
+    streams: &[(&str, &str)],
+) -> Result<HashMap<StreamKey, i64>, sqlx::Error> {
+    let rows: Vec<StreamKeyRow<'_>> = streams
+        .iter()
+        .map(|&(handler, aggregate_id)| StreamKeyRow {
+            handler,
+            aggregate_id,
+        })
+        .collect();
+    let sql = statements::<DB>()?.last_sequences;
+    let found: Vec<LastSequence> = fetch_rows::<DB, _>(tx, sql, consumer, &rows).await?;
+    Ok(found
+        .into_iter()
+        .map(|LastSequence(stream, last)| (stream, last))
+        .collect())
+}
+
+/// Sets `stale` the dedup rows of `consumer` for `keys` (handler, message id), like
+/// [`super::messages::settle`] for each.
+pub async fn settle_stale<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    consumer: &str,
+    keys: &[(&str, &str)],
+) -> Result<(), sqlx::Error> {
+    let rows = message_rows(keys);
+    let sql = statements::<DB>()?.settle_stale;
+    let document = document(&rows)?;
+    let params = [Param::Text(consumer), Param::Text(&document)];
+    sql::execute::<DB>(sql::conn(tx), sql, &params).await?;
+    Ok(())
+}
+
+/// The rows of a document of dedup row keys (handler, message id).
+fn message_rows<'a>(keys: &[(&'a str, &'a str)]) -> Vec<MessageRow<'a>> {
+    keys.iter()
+        .map(|&(handler, message_id)| MessageRow {
+            handler,
+            message_id,
+        })
+        .collect()
+}
+
 /// Runs a bulk write over `rows` that returns the keys it wrote.
 async fn keys<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
@@ -159,10 +218,14 @@ async fn fetch_rows<DB: Backend, T: FromColumns>(
     consumer: &str,
     rows: &[impl Serialize],
 ) -> Result<Vec<T>, sqlx::Error> {
-    let document =
-        serde_json::to_string(rows).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+    let document = document(rows)?;
     let params = [Param::Text(consumer), Param::Text(&document)];
     sql::fetch_all::<DB, T>(sql::conn(tx), sql, &params).await
+}
+
+/// `rows` as the one JSON document a bulk statement takes.
+fn document(rows: &[impl Serialize]) -> Result<String, sqlx::Error> {
+    serde_json::to_string(rows).map_err(|error| sqlx::Error::Encode(Box::new(error)))
 }
 
 fn hex(bytes: &[u8]) -> String {

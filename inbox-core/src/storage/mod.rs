@@ -272,6 +272,10 @@ pub struct BatchSql {
     /// Creates or advances streams, writing only those whose sequence is newer; gives the keys
     /// it wrote ([`bulk::advance`]).
     pub advance: &'static str,
+    /// Reads the last applied sequence of a list of streams ([`bulk::last_sequences`]).
+    pub last_sequences: &'static str,
+    /// Sets a list of dedup rows `stale` ([`bulk::settle_stale`]).
+    pub settle_stale: &'static str,
 }
 
 /// The statements on the outbox ([`outbox`]).

@@ -456,6 +456,17 @@ pub(super) const SQL: Statements = Statements {
             ON CONFLICT (consumer, handler, aggregate_id) \
             DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
             WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
+        last_sequences: "SELECT r.handler, r.aggregate_id, s.last_sequence \
+            FROM jsonb_to_recordset($2::jsonb) AS r(handler text, aggregate_id text), \
+            LATERAL (SELECT last_sequence FROM inbox_streams WHERE consumer = $1 \
+            AND handler = r.handler AND aggregate_id = r.aggregate_id LIMIT 1) s",
+        // Each row by its key, whatever the planner's statistics: the rows' addresses, looked up one by one.
+        settle_stale: "UPDATE inbox_messages \
+            SET status = 'stale', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
+            WHERE ctid = ANY (ARRAY(SELECT m.ctid \
+            FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text), \
+            LATERAL (SELECT ctid FROM inbox_messages WHERE consumer = $1 AND handler = r.handler \
+            AND message_id = r.message_id LIMIT 1) m))",
     }),
     outbox: OutboxSql {
         advance: Returning::Inline(

@@ -117,6 +117,15 @@ const SQL: Statements = Statements {
             ON CONFLICT (consumer, handler, aggregate_id) \
             DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
             WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
+        last_sequences: "SELECT s.handler, s.aggregate_id, s.last_sequence \
+            FROM json_each($2) AS r CROSS JOIN inbox_streams s \
+            WHERE s.consumer = $1 AND s.handler = r.value ->> 'handler' \
+            AND s.aggregate_id = r.value ->> 'aggregate_id'",
+        settle_stale: "UPDATE inbox_messages \
+            SET status = 'stale', payload = NULL, headers = NULL, processed_at = CURRENT_TIMESTAMP \
+            WHERE rowid IN (SELECT m.rowid FROM json_each($2) AS r CROSS JOIN inbox_messages m \
+            WHERE m.consumer = $1 AND m.handler = r.value ->> 'handler' \
+            AND m.message_id = r.value ->> 'message_id')",
     }),
     // No row locks: the relay's transaction holds the one write lock instead.
     outbox: OutboxSql {
