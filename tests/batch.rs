@@ -263,6 +263,12 @@ macro_rules! batch_suite {
                 ),
                 (4, 3)
             );
+            let sql = $crate::common::sql::<$db>(
+                "SELECT message_id FROM inbox_messages WHERE handler = 'counted' \
+                 AND status = 'stale' ORDER BY message_id",
+            );
+            let stale: Vec<String> = sqlx::query_scalar(sql).fetch_all(&pool).await.unwrap();
+            assert_eq!(stale, ["run-p1", "run-p2b", "run-r2"], "recorded as stale");
         }
 
         #[tokio::test]

@@ -174,8 +174,9 @@ pub async fn last_sequences<DB: Backend>(
         .collect())
 }
 
-/// Sets `stale` the dedup rows of `consumer` for `keys` (handler, message id), like
-/// [`super::messages::settle`] for each.
+/// Sets `stale` the dedup rows of `consumer` for `keys` (handler, message id, each once), like
+/// [`super::messages::settle`] for each; fails with [`sqlx::Error::RowNotFound`] unless it found
+/// every row.
 pub async fn settle_stale<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     consumer: &str,
@@ -185,8 +186,11 @@ pub async fn settle_stale<DB: Backend>(
     let sql = statements::<DB>()?.settle_stale;
     let document = document(&rows)?;
     let params = [Param::Text(consumer), Param::Text(&document)];
-    sql::execute::<DB>(sql::conn(tx), sql, &params).await?;
-    Ok(())
+    let settled = sql::execute::<DB>(sql::conn(tx), sql, &params).await?;
+    match settled == keys.len() as u64 {
+        true => Ok(()),
+        false => Err(sqlx::Error::RowNotFound),
+    }
 }
 
 /// The rows of a document of dedup row keys (handler, message id).
