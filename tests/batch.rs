@@ -356,3 +356,64 @@ async fn postgres_batch_reads_the_rows_already_there_by_their_key() {
         assert!(!plan.contains("Hash") && !plan.contains("Bitmap"), "{plan}");
     }
 }
+
+/// A batch's bulk statements find their rows by key: the stale ones it settles (all of them, or
+/// it says so) and the streams whose last sequence it reads. (MySQL has no bulk statements.)
+async fn bulk_statements_find_their_rows<DB: inbox::Backend>(pool: sqlx::Pool<DB>)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'r> String: sqlx::Type<DB> + sqlx::Decode<'r, DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    use inbox_core::storage::bulk;
+
+    let rows = [
+        "INSERT INTO inbox_messages \
+        (consumer, handler, message_id, message_type, status, payload_hash) VALUES \
+        ('billing', 'step', 'm-1', 'batch.step', 'processed', CAST('h' AS bytea)), \
+        ('billing', 'step', 'm-2', 'batch.step', 'processed', CAST('h' AS bytea)), \
+        ('billing', 'step', 'm-3', 'batch.step', 'processed', CAST('h' AS bytea)), \
+        ('other', 'step', 'm-4', 'batch.step', 'processed', CAST('h' AS bytea))",
+        "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) VALUES \
+        ('billing', 'step', 'a-1', 7), ('other', 'step', 'a-2', 9)",
+    ];
+    for sql in rows {
+        sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+    }
+    let mut tx = pool.begin().await.unwrap();
+
+    let stale = [("step", "m-1"), ("step", "m-3")];
+    bulk::settle_stale(&mut tx, "billing", &stale)
+        .await
+        .unwrap();
+    let elsewhere = bulk::settle_stale(&mut tx, "billing", &[("step", "m-4")]).await;
+    let streams = [("step", "a-1"), ("step", "a-2")];
+    let lasts = bulk::last_sequences(&mut tx, "billing", &streams)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    assert!(
+        matches!(elsewhere, Err(sqlx::Error::RowNotFound)),
+        "another consumer's row: {elsewhere:?}"
+    );
+    let sql = "SELECT message_id FROM inbox_messages WHERE status = 'stale' ORDER BY message_id";
+    let settled: Vec<String> = sqlx::query_scalar(sql).fetch_all(&pool).await.unwrap();
+    assert_eq!(settled, ["m-1", "m-3"]);
+    let expected = [(("step".to_owned(), "a-1".to_owned()), 7)];
+    assert_eq!(lasts, expected.into_iter().collect());
+}
+
+#[tokio::test]
+async fn sqlite_bulk_statements_find_their_rows() {
+    let pool = common::sqlite("bulk_rows").await.unwrap();
+    bulk_statements_find_their_rows(pool).await;
+}
+
+#[tokio::test]
+async fn postgres_bulk_statements_find_their_rows() {
+    let Some(pool) = common::postgres("bulk_rows").await else {
+        return;
+    };
+    bulk_statements_find_their_rows(pool).await;
+}

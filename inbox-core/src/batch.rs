@@ -218,10 +218,13 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         let mut extended = Vec::new();
         for run in &runs {
             let (handler, aggregate, first) = run.first();
-            // Where the stream stood before the run, and where it stands now.
-            let (before, now) = match behind.get(&run.stream()) {
-                None => (i64::MIN, first),
-                Some(&last) => (last, last),
+            let stream = run.stream();
+            // Where the stream stood before the run, and where it stands now: moved to the first
+            // message, or at or past it (where it stands is read only for a run of several).
+            let (before, now) = match (advanced.contains(&stream), behind.get(&stream)) {
+                (true, _) => (i64::MIN, first),
+                (false, Some(&last)) => (last, last),
+                (false, None) => (first, first),
             };
             let last = run.place(found, before);
             if last > now {
@@ -229,15 +232,20 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             }
         }
         if !extended.is_empty() {
-            bulk::advance(&mut self.tx, consumer, &extended)
+            let moved = bulk::advance(&mut self.tx, consumer, &extended)
                 .await
                 .map_err(refused)?;
+            if moved.len() != extended.len() {
+                // A stream moved from under its lock: the database did not keep its promise.
+                return Err(refused(sqlx::Error::RowNotFound));
+            }
         }
         self.settle_stale(consumer, claims, found).await
     }
 
     /// The last applied sequence of each stream of `runs` that the bulk advance did not move (its
-    /// first message was stale): the row is there, locked by the advance.
+    /// first message was stale) and that has more messages in the batch: the row is there,
+    /// locked by the advance.
     async fn behind(
         &mut self,
         consumer: &str,
@@ -246,7 +254,7 @@ impl<'c, DB: Backend> Batch<'c, DB> {
     ) -> Result<HashMap<StreamKey, i64>, Abandoned> {
         let behind: Vec<(&str, &str)> = runs
             .iter()
-            .filter(|run| !advanced.contains(&run.stream()))
+            .filter(|run| run.messages.len() > 1 && !advanced.contains(&run.stream()))
             .map(|run| (run.handler, run.aggregate))
             .collect();
         if behind.is_empty() {
