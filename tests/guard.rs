@@ -354,7 +354,7 @@ mod sqlite_settings {
     use sqlx::{ConnectOptions, Sqlite};
 
     #[tokio::test]
-    async fn sqlite_options_choose_wal_and_full_sync() {
+    async fn sqlite_options_choose_wal_full_sync_and_a_page_cache() {
         let pool = crate::common::sqlite("sqlite_pragmas").await.unwrap();
         let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
             .fetch_one(&pool)
@@ -364,8 +364,13 @@ mod sqlite_settings {
             .fetch_one(&pool)
             .await
             .unwrap();
+        let cache: i64 = sqlx::query_scalar("PRAGMA cache_size")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
         assert_eq!(journal, "wal");
         assert_eq!(synchronous, 2, "2 is FULL");
+        assert_eq!(cache, -65_536, "64 MiB, in KiB");
     }
 
     #[tokio::test]
