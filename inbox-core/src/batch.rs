@@ -270,29 +270,25 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         }
     }
 
-    /// Settles in one statement the messages that bulk placing found stale.
+    /// Settles in one statement the messages that bulk placing found stale (the guard leaves
+    /// them as they are).
     async fn settle_stale(
         &mut self,
         consumer: &str,
         claims: &[(usize, Claim<'_>)],
-        found: &mut [Found],
+        found: &[Found],
     ) -> Result<(), Abandoned> {
-        let stale: Vec<(usize, (&str, &str))> = claims
+        let stale: Vec<(&str, &str)> = claims
             .iter()
             .filter(|(at, _)| found[*at].placed == Some(Position::Stale))
-            .map(|(at, claim)| (*at, (claim.handler, claim.message_id)))
+            .map(|(_, claim)| (claim.handler, claim.message_id))
             .collect();
         if stale.is_empty() {
             return Ok(());
         }
-        let keys: Vec<(&str, &str)> = stale.iter().map(|(_, key)| *key).collect();
-        bulk::settle_stale(&mut self.tx, consumer, &keys)
+        bulk::settle_stale(&mut self.tx, consumer, &stale)
             .await
-            .map_err(refused)?;
-        for (at, _) in stale {
-            found[at].settled = true;
-        }
-        Ok(())
+            .map_err(refused)
     }
 
     /// Guards `message` (as `received`) with `handler` inside the batch, from what the batch's
@@ -515,7 +511,7 @@ mod tests {
     fn found(claimed: Option<Claimed>) -> Found {
         Found {
             claimed,
-            ..Found::default()
+            placed: None,
         }
     }
 

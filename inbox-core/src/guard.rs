@@ -238,10 +238,9 @@ pub(crate) fn claim_for<'a>(
 pub(crate) struct Found {
     /// How the message is claimed.
     pub(crate) claimed: Option<Claimed>,
-    /// Where it stands in its stream.
+    /// Where it stands in its stream. A batch records the messages it places stale itself, all
+    /// in one statement.
     pub(crate) placed: Option<Position>,
-    /// Its dedup row says `stale` already: the batch settled its stale messages together.
-    pub(crate) settled: bool,
 }
 
 /// When the guard makes sure that a handler that returned `Ok` left its transaction able to
@@ -282,7 +281,8 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
         Some(claimed) => (claimed, found.placed),
         None => claim_placing(&mut tx, claim, handler.ordering()).await?,
     };
-    let settled = found.settled;
+    // A stale message its batch placed is recorded already.
+    let settled = found.placed == Some(Position::Stale);
     let attempt = match claimed {
         Claimed::New => 1,
         Claimed::Retry { attempt } => attempt,
