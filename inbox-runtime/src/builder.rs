@@ -71,9 +71,10 @@ impl<DB: Backend, S> InboxBuilder<DB, S> {
 
     /// How many messages are handled concurrently by [`Inbox::run`] (at least 1; default
     /// [`Backend::DEFAULT_WORKERS`]: 4 on PostgreSQL, 1 on SQLite). Messages of one aggregate
-    /// are handled one at a time, in delivery order. On SQLite, which has one writer, the
-    /// workers take turns at their transactions; more than one still overlaps the work around
-    /// them (decoding, acknowledging).
+    /// are handled one at a time, in delivery order. On SQLite, which has one writer, batches
+    /// take turns on one connection; with one message per transaction, each worker begins its
+    /// own and waits for the write lock in SQLite's busy handler, so give the pool's connections
+    /// a busy timeout (`inbox::sqlite_options` sets 30 seconds).
     pub fn workers(mut self, workers: usize) -> Self {
         self.settings.workers = workers.max(1);
         self
@@ -172,8 +173,9 @@ impl<DB: Backend> Settings<DB> {
         inbox_core::storage::schema::check(&self.pool)
             .await
             .map_err(BuildError::Schema)?;
+        let batch = self.batch.unwrap_or(Batch::new(1));
         Ok(Inbox::new(Shared {
-            writer: DB::ONE_WRITER
+            writer: (DB::ONE_WRITER && batch.size() > 1)
                 .then(|| tokio::sync::Mutex::new(guarding_connection(&self.pool, 1))),
             pool: self.pool,
             consumer: self.consumer,
@@ -183,7 +185,7 @@ impl<DB: Backend> Settings<DB> {
             max_payload_bytes: self.max_payload_bytes,
             sweep_interval: self.sweep_interval,
             retention: self.retention.inspect(Retention::warn_if_unsafe),
-            batch: self.batch.unwrap_or(Batch::new(1)),
+            batch,
             registry,
             source: Default::default(),
         }))

@@ -50,8 +50,9 @@ pub(crate) struct Shared<DB: Backend> {
     /// How many jobs a worker guards in one transaction (one: no batching).
     pub(crate) batch: Batch,
     pub(crate) registry: Registry<DB>,
-    /// On a database with one writer ([`Backend::ONE_WRITER`]), the one connection the workers
-    /// take turns at their transactions on (its page cache stays warm from one to the next).
+    /// On a database with one writer ([`Backend::ONE_WRITER`]) in batched mode, the one
+    /// connection the workers take turns at their batches on (its page cache stays warm from one
+    /// to the next).
     pub(crate) writer: Option<tokio::sync::Mutex<Box<dyn Connect<DB>>>>,
     /// What the running source did last, for [`Inbox::health`].
     pub(crate) source: crate::health::SourceState,

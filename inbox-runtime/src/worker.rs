@@ -400,9 +400,9 @@ async fn handle_all<DB: Backend>(
     let mut report = RunReport::default();
     let (size, linger) = (shared.batch.size(), shared.batch.lingers());
     loop {
-        // Where the database has one writer, a worker takes its turn before its jobs: they wait
-        // in the scheduler for the worker whose turn it is (a full batch), not in the small
-        // batches of workers waiting for their turn.
+        // Where the database has one writer, a batching worker takes its turn before its jobs:
+        // they wait in the scheduler for the worker whose turn it is (a full batch), not in the
+        // small batches of workers waiting for their turn.
         let mut turn = match &shared.writer {
             Some(writer) => Some(writer.lock().await),
             None => None,

@@ -59,8 +59,10 @@ pub trait Backend:
     const DEFAULT_WORKERS: usize;
 
     /// Whether one transaction at a time can write (SQLite): a runtime's workers then take
-    /// turns at their transactions in order, instead of in the database's busy handler, which
-    /// sleeps between tries.
+    /// turns at their batches in order, instead of in the database's busy handler, which
+    /// sleeps between tries (a worker waiting there would hold a small batch, where waiting
+    /// for its turn it fills one). One message per transaction gathers nothing while it waits,
+    /// and its workers begin their own.
     const ONE_WRITER: bool = false;
 
     /// The database's statements.
