@@ -3,10 +3,11 @@
 //! through `process()` called from as many tasks as the runtime has workers; and, on PostgreSQL
 //! when `pgbench` is installed, the guard's per-message SQL run by pgbench
 //! (`benches/pgbench/guard.sql`). For 1, 4 and 16 workers over 200 and 20,000 aggregates, with
-//! 30% duplicate deliveries. Prints msg/s and three ratios, each measured in the same rounds
-//! (rounds interleave the modes, so the machine's drift cancels out of the ratios):
-//! batched(100) / one per transaction, one per transaction / pgbench, and the runtime /
-//! `process()`.
+//! 30% duplicate deliveries. Prints first how long one handler statement takes there and back in
+//! a transaction (a batch's new message costs at least that), then msg/s and three ratios, each
+//! measured in the same rounds (rounds interleave the modes, so the machine's drift cancels out
+//! of the ratios): batched(100) / one per transaction, one per transaction / pgbench, and the
+//! runtime / `process()`.
 //!
 //! `cargo bench --bench throughput` runs on a SQLite file; `DATABASE_URL=postgres://...` adds
 //! PostgreSQL. `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or
@@ -210,6 +211,9 @@ impl<DB: Backend, H> Target<DB, H>
 where
     H: Handler<DB, Message = Credited> + Copy + 'static,
     for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
     async fn measure(
         &self,
@@ -236,6 +240,11 @@ where
             .chain(BATCHES.map(|size| Mode::Runtime(Some(size))))
             .chain([Mode::Process, Mode::Pgbench])
             .collect();
+        println!(
+            "{}: one handler statement's round trip {:.1} µs",
+            self.name,
+            round_trip(&self.pool).await?
+        );
         println!(
             "{}: {MESSAGES} messages + 30% duplicates, msg/s (median of {} rounds)",
             self.name, plan.rounds
@@ -312,6 +321,28 @@ async fn seen_by_pgbench(pool: &Pool<Postgres>) -> Result<(), Failure> {
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// The time one handler statement (`CREDIT`) takes in a transaction, there and back, in µs: a
+/// batch's new message costs at least this.
+async fn round_trip<DB: Backend>(pool: &Pool<DB>) -> Result<f64, Failure>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    const STATEMENTS: u32 = 5_000;
+    let mut tx = pool.begin().await?;
+    let started = Instant::now();
+    for n in 0..STATEMENTS {
+        let credit = sqlx::query(ledger::CREDIT)
+            .bind(0_i64)
+            .bind(format!("acct-{}", n % 200));
+        credit.execute(&mut *tx).await?;
+    }
+    let took = started.elapsed();
+    tx.rollback().await?;
+    Ok(took.as_secs_f64() * 1e6 / f64::from(STATEMENTS))
 }
 
 fn median(rates: &mut [f64]) -> Option<f64> {
