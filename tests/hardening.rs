@@ -566,6 +566,7 @@ mod postgres_batched {
             ["p-1", "p-4"],
             "{report:?}"
         );
+        assert_eq!(report.batches_refused, 2, "both batches: {report:?}");
         for (id, status) in [
             ("p-1", "processed"),
             ("p-2", "dead"),

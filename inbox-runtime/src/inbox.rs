@@ -112,6 +112,10 @@ pub struct RunReport {
     pub not_due: u64,
     /// Times the source failed to yield a delivery; the run asked it again after a growing delay.
     pub source_errors: u64,
+    /// Batches the database refused (a statement, the commit, or a handler that left the
+    /// transaction aborted): their messages went one per transaction instead, each with its own
+    /// outcome. Also counted in `inbox_batches_refused_total`.
+    pub batches_refused: u64,
 }
 
 impl RunReport {
@@ -165,6 +169,7 @@ impl RunReport {
         self.unknown_acknowledged += other.unknown_acknowledged;
         self.not_due += other.not_due;
         self.source_errors += other.source_errors;
+        self.batches_refused += other.batches_refused;
     }
 }
 
@@ -566,11 +571,13 @@ impl<DB: Backend> Shared<DB> {
 
     /// Runs `jobs` (each with its delivery's envelope) in one transaction and returns each job's
     /// result. When a handler fails, that failure is recorded and the others go in a new batch;
-    /// when the database refuses the batch, each job goes in a transaction of its own.
+    /// when the database refuses the batch, each job goes in a transaction of its own (counted
+    /// in `report`).
     pub(crate) async fn execute_batch(
         &self,
         connection: &mut dyn Connect<DB>,
         jobs: Vec<JobOf<'_, DB>>,
+        report: &mut RunReport,
     ) -> Vec<Result<Handled, Error>> {
         let mut results: Vec<Option<Result<Handled, Error>>> = jobs.iter().map(|_| None).collect();
         let mut left: Vec<_> = jobs.into_iter().enumerate().collect();
@@ -588,7 +595,12 @@ impl<DB: Backend> Shared<DB> {
                     let concluded = self.conclude(connection, job, InBatch::Failed(error));
                     results[index] = Some(concluded.await);
                 }
-                Err((_, Abandoned::Refused)) => break,
+                Err((_, Abandoned::Refused)) => {
+                    report.batches_refused += 1;
+                    metrics::counter!("inbox_batches_refused_total", "consumer" => self.consumer.clone())
+                        .increment(1);
+                    break;
+                }
             }
         }
         for (index, (job, envelope)) in left {

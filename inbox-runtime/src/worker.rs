@@ -420,7 +420,7 @@ async fn handle_all<DB: Backend>(
             None => &mut *own,
         };
         let results = shared
-            .execute_batch(connection, with_envelopes.collect())
+            .execute_batch(connection, with_envelopes.collect(), &mut report)
             .await;
         drop((turn, busy));
         for (result, pending) in results.into_iter().zip(pending) {
