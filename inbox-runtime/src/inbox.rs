@@ -597,7 +597,8 @@ impl<DB: Backend> Shared<DB> {
                 }
                 Err((_, Abandoned::Refused)) => {
                     report.batches_refused += 1;
-                    metrics::counter!("inbox_batches_refused_total", "consumer" => self.consumer.clone())
+                    let consumer = self.consumer.clone();
+                    metrics::counter!("inbox_batches_refused_total", "consumer" => consumer)
                         .increment(1);
                     break;
                 }
