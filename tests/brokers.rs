@@ -1050,6 +1050,41 @@ mod suite {
         apply_credit(tx, &msg).await
     }
 
+    /// Runs `stall_once` (batched as `batch` says) on `broker` with a pool of its own, and kills
+    /// that run once the first attempt at `event_id` stalled; then runs it again on `pool` until
+    /// `applied` messages are, and returns that run's report.
+    async fn kill_at_the_stall_then_run_again<B: TestBroker>(
+        broker: &B,
+        pool: &Pool,
+        batch: Option<inbox::Batch>,
+        event_id: &str,
+        applied: i64,
+    ) -> RunReport {
+        let stalling = async |pool: Pool| {
+            let builder = Inbox::builder(pool);
+            let builder = match batch {
+                Some(batch) => builder.batch(batch),
+                None => builder,
+            };
+            builder
+                .handler(stall_once)
+                .build()
+                .await
+                .expect("build the inbox")
+        };
+        let killed = async || {
+            let inbox = stalling(second_pool(pool).await).await;
+            (inbox, broker.source_of_its_own().await)
+        };
+        common::run_then_kill(killed, async {
+            while !STALLED.lock().unwrap().iter().any(|id| id == event_id) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let inbox = stalling(pool.clone()).await;
+        run_until_applied(&inbox, pool, broker.source().await, applied).await
+    }
+
     pub async fn a_run_killed_with_work_in_flight_loses_nothing<B: TestBroker>() {
         let Some(broker) = B::new("conformance_killed").await else {
             return;
@@ -1062,24 +1097,9 @@ mod suite {
             .publish(&envelope(&Credited::new(event_id.clone(), "acct", 1, 5)))
             .await
             .expect("publish");
-        let stalling = async |pool: Pool| {
-            let inbox = Inbox::builder(pool).handler(stall_once).build();
-            inbox.await.expect("build the inbox")
-        };
 
         // The run is killed while the handler is in flight.
-        let killed = async || {
-            let inbox = stalling(second_pool(&pool).await).await;
-            (inbox, broker.source_of_its_own().await)
-        };
-        common::run_then_kill(killed, async {
-            while !STALLED.lock().unwrap().contains(&event_id) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
-
-        let inbox = stalling(pool.clone()).await;
-        let report = run_until_applied(&inbox, &pool, broker.source().await, 1).await;
+        let report = kill_at_the_stall_then_run_again(&broker, &pool, None, &event_id, 1).await;
 
         assert_eq!(
             balance(&pool, "acct").await,
@@ -1089,6 +1109,48 @@ mod suite {
         assert_eq!(
             report.handler_calls_with(Outcome::Processed),
             1,
+            "{report:?}"
+        );
+    }
+
+    /// In batched mode the run is killed while a batch's transaction is open: the handlers
+    /// before the stalled one have written, nothing is committed or acknowledged. The next run
+    /// applies every message of the batch once: none lost, none twice.
+    pub async fn a_run_killed_with_a_batch_in_flight_loses_nothing<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_killed_batch").await else {
+            return;
+        };
+        let Some(pool) = ledger("conformance_killed_batch").await else {
+            return;
+        };
+        let events: Vec<Credited> = (1..=4)
+            .map(|n| {
+                let id = format!("crash-batch-{n}-{}", std::any::type_name::<B>());
+                Credited::new(id, format!("acct-{n}"), 1, n)
+            })
+            .collect();
+        // Only the third event's first attempt stalls; the others are taken as tried already.
+        let stalled = events[2].event_id.clone();
+        let others = events.iter().filter(|e| e.event_id != stalled);
+        STALLED
+            .lock()
+            .unwrap()
+            .extend(others.map(|e| e.event_id.clone()));
+        for event in &events {
+            broker.publish(&envelope(event)).await.expect("publish");
+        }
+        let batch = inbox::Batch::new(4).linger(Duration::from_millis(500));
+
+        let report =
+            kill_at_the_stall_then_run_again(&broker, &pool, Some(batch), &stalled, 4).await;
+
+        for event in &events {
+            let balance = balance(&pool, &event.account).await;
+            assert_eq!(balance, event.amount, "{}: {report:?}", event.account);
+        }
+        assert_eq!(
+            report.handler_calls_with(Outcome::Processed),
+            4,
             "{report:?}"
         );
     }
@@ -1378,6 +1440,7 @@ macro_rules! conformance {
                 two_consumers_in_one_group_apply_each_message_once,
                 a_delivery_without_a_type_tag_is_kept_as_rejected,
                 a_run_killed_with_work_in_flight_loses_nothing,
+                a_run_killed_with_a_batch_in_flight_loses_nothing,
                 a_long_handler_keeps_its_delivery,
                 a_broker_restarted_mid_run_loses_nothing,
                 a_shutdown_hands_back_what_was_prefetched
