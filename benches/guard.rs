@@ -8,7 +8,6 @@
 use std::time::{Duration, Instant};
 
 use inbox::prelude::*;
-use sqlx::{Pool, Postgres};
 
 mod ledger;
 
@@ -94,13 +93,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     ledger::prepare(&sqlite, ACCOUNTS as usize).await?;
     measure!(sqlite, credit_sqlite).print("SQLite (WAL, synchronous = FULL)");
 
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => {
-            let postgres: Pool<Postgres> = sqlx::PgPool::connect(&url).await?;
-            ledger::prepare(&postgres, ACCOUNTS as usize).await?;
-            measure!(postgres, credit_postgres).print("PostgreSQL");
-        }
-        _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),
+    if let Some((postgres, _)) = ledger::postgres_from_env(10).await? {
+        ledger::prepare(&postgres, ACCOUNTS as usize).await?;
+        measure!(postgres, credit_postgres).print("PostgreSQL");
     }
     Ok(())
 }

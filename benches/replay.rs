@@ -8,7 +8,7 @@
 
 use inbox::Backend;
 use inbox::prelude::*;
-use sqlx::{Pool, Postgres};
+use sqlx::Pool;
 
 mod ledger;
 mod runtime;
@@ -115,15 +115,8 @@ async fn main() -> Result<(), Failure> {
     let sqlite = ledger::fresh_sqlite("inbox_bench_replay.db").await?;
     measure("SQLite (WAL, synchronous = FULL)", &sqlite, credit_sqlite).await?;
 
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => {
-            let postgres: Pool<Postgres> = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(8)
-                .connect(&url)
-                .await?;
-            measure("PostgreSQL", &postgres, credit_postgres).await?;
-        }
-        _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),
+    if let Some((postgres, _)) = ledger::postgres_from_env(8).await? {
+        measure("PostgreSQL", &postgres, credit_postgres).await?;
     }
     Ok(())
 }

@@ -363,24 +363,17 @@ async fn main() -> Result<(), Failure> {
     };
     target.table(&plan).await?;
 
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("postgres") => {
-            let postgres: Pool<Postgres> = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(24)
-                .connect(&url)
-                .await?;
-            ledger::prepare(&postgres, ACCOUNTS).await?;
-            seen_by_pgbench(&postgres).await?;
-            let target = Target {
-                name: "PostgreSQL",
-                pool: postgres,
-                handler: credit_postgres,
-                pgbench_url: Some(url),
-            };
-            target.table(&plan).await?;
-            forget(&target.pool, "pgbench").await?;
-        }
-        _ => println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)"),
+    if let Some((postgres, url)) = ledger::postgres_from_env(24).await? {
+        ledger::prepare(&postgres, ACCOUNTS).await?;
+        seen_by_pgbench(&postgres).await?;
+        let target = Target {
+            name: "PostgreSQL",
+            pool: postgres,
+            handler: credit_postgres,
+            pgbench_url: Some(url),
+        };
+        target.table(&plan).await?;
+        forget(&target.pool, "pgbench").await?;
     }
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! What the benchmarks share: the `Credited` event, its handler on each backend (one business
-//! write), and a fresh database with the accounts it credits.
+//! write), a fresh database with the accounts it credits, and the PostgreSQL database to measure.
 
 use inbox::prelude::*;
-use sqlx::{Pool, Sqlite};
+use sqlx::{Pool, Postgres, Sqlite};
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// The business write: credit an account.
 pub const CREDIT: &str = "UPDATE accounts SET balance = balance + $1 WHERE id = $2";
@@ -45,10 +47,28 @@ pub async fn credit_postgres(
     Ok(())
 }
 
+/// The PostgreSQL database `DATABASE_URL` names, on a pool of up to `connections`, with its
+/// URL; `None` (and a line that says it is skipped) when it names none.
+pub async fn postgres_from_env(
+    connections: u32,
+) -> Result<Option<(Pool<Postgres>, String)>, Failure> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(connections)
+                .connect(&url)
+                .await?;
+            Ok(Some((pool, url)))
+        }
+        _ => {
+            println!("PostgreSQL: skipped (set DATABASE_URL=postgres://... to measure it)");
+            Ok(None)
+        }
+    }
+}
+
 /// A new SQLite file `name` in the temp directory (the old one deleted).
-pub async fn fresh_sqlite(
-    name: &str,
-) -> Result<Pool<Sqlite>, Box<dyn std::error::Error + Send + Sync>> {
+pub async fn fresh_sqlite(name: &str) -> Result<Pool<Sqlite>, Failure> {
     let path = std::env::temp_dir().join(name);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
