@@ -332,7 +332,7 @@ async fn postgres_batch_reads_the_rows_already_there_by_their_key() {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
 
-    let bulk = sqlx::Postgres::SQL.batch.expect("bulk statements");
+    let bulk = sqlx::Postgres::SQL.batch;
     let messages = r#"[{"handler": "step", "message_id": "m-7"}]"#;
     let streams = r#"[{"handler": "step", "aggregate_id": "a-7"}]"#;
     let statements = [
@@ -358,8 +358,9 @@ async fn postgres_batch_reads_the_rows_already_there_by_their_key() {
 }
 
 /// A batch's bulk statements find their rows by key: the stale ones it settles (all of them, or
-/// it says so) and the streams whose last sequence it reads. (MySQL has no bulk statements.)
-async fn bulk_statements_find_their_rows<DB: inbox::Backend>(pool: sqlx::Pool<DB>)
+/// it says so) and the streams whose last sequence it reads. `bytes` is the database's cast of
+/// text to bytes.
+async fn bulk_statements_find_their_rows<DB: inbox::Backend>(pool: sqlx::Pool<DB>, bytes: &str)
 where
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
     for<'r> String: sqlx::Type<DB> + sqlx::Decode<'r, DB>,
@@ -367,18 +368,30 @@ where
 {
     use inbox_core::storage::bulk;
 
+    let row = |consumer: &str, id: &str| {
+        format!("('{consumer}', 'step', '{id}', 'batch.step', 'processed', CAST('h' AS {bytes}))")
+    };
+    let messages = [
+        row("billing", "m-1"),
+        row("billing", "m-2"),
+        row("billing", "m-3"),
+        row("other", "m-4"),
+    ];
     let rows = [
-        "INSERT INTO inbox_messages \
-        (consumer, handler, message_id, message_type, status, payload_hash) VALUES \
-        ('billing', 'step', 'm-1', 'batch.step', 'processed', CAST('h' AS bytea)), \
-        ('billing', 'step', 'm-2', 'batch.step', 'processed', CAST('h' AS bytea)), \
-        ('billing', 'step', 'm-3', 'batch.step', 'processed', CAST('h' AS bytea)), \
-        ('other', 'step', 'm-4', 'batch.step', 'processed', CAST('h' AS bytea))",
+        format!(
+            "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, status, payload_hash) VALUES {}",
+            messages.join(", ")
+        ),
         "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) VALUES \
-        ('billing', 'step', 'a-1', 7), ('other', 'step', 'a-2', 9)",
+        ('billing', 'step', 'a-1', 7), ('other', 'step', 'a-2', 9)"
+            .to_owned(),
     ];
     for sql in rows {
-        sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
     }
     let mut tx = pool.begin().await.unwrap();
 
@@ -407,7 +420,7 @@ where
 #[tokio::test]
 async fn sqlite_bulk_statements_find_their_rows() {
     let pool = common::sqlite("bulk_rows").await.unwrap();
-    bulk_statements_find_their_rows(pool).await;
+    bulk_statements_find_their_rows(pool, "blob").await;
 }
 
 #[tokio::test]
@@ -415,5 +428,150 @@ async fn postgres_bulk_statements_find_their_rows() {
     let Some(pool) = common::postgres("bulk_rows").await else {
         return;
     };
-    bulk_statements_find_their_rows(pool).await;
+    bulk_statements_find_their_rows(pool, "bytea").await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_bulk_statements_find_their_rows() {
+    let Some(pool) = common::mysql("bulk_rows").await else {
+        return;
+    };
+    bulk_statements_find_their_rows(pool, "binary").await;
+}
+
+/// On MySQL a batch's statements read its rows from `JSON_TABLE` first and look each up by its
+/// key (the primary key, never a scan), in that order whatever the statistics say.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_batch_finds_its_rows_by_their_key() {
+    use inbox::Backend;
+    use sqlx::Row;
+
+    let Some(pool) = common::mysql("mysql_bulk_plans").await else {
+        return;
+    };
+    let bulk = sqlx::MySql::SQL.batch;
+    let inbox_core::storage::BulkAdvance::LockThenSet { set, .. } = bulk.advance else {
+        panic!("MySQL moves its streams with a statement of its own");
+    };
+    let messages = r#"[{"handler": "step", "message_id": "m-7"}]"#;
+    let streams = r#"[{"handler": "step", "aggregate_id": "a-7", "sequence_number": 3}]"#;
+    let statements = [
+        (bulk.seen, messages, "m"),
+        (bulk.settle_stale, messages, "m"),
+        (bulk.last_sequences, streams, "s"),
+        (set, streams, "s"),
+    ];
+    for (sql, document, table) in statements {
+        let plan = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .bind("billing")
+            .bind(document)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let steps: Vec<(String, String, Option<String>)> = plan
+            .iter()
+            .filter_map(|row| {
+                let table: Option<String> = row.try_get("table").unwrap();
+                let access: Option<String> = row.try_get("type").unwrap();
+                Some((table?, access?, row.try_get("key").unwrap()))
+            })
+            .filter(|(table, _, _)| !table.starts_with("<derived"))
+            .collect();
+        let [(first, _, _), (looked_up, access, key)] = &steps[..] else {
+            panic!("{sql}: {steps:?}");
+        };
+        assert_eq!((first.as_str(), looked_up.as_str()), ("r", table), "{sql}");
+        let by_key = ["eq_ref", "ref", "range"].contains(&access.as_str());
+        assert!(
+            by_key && key.as_deref() == Some("PRIMARY"),
+            "{sql}: {steps:?}"
+        );
+    }
+}
+
+/// A MySQL batch reads the dedup rows there before it inserts the others: a row another
+/// transaction writes in between makes the insert fail (the batch then goes one message per
+/// transaction); it is never taken for a row the batch inserted.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_bulk_claim_refuses_a_row_written_after_its_read() {
+    use inbox::Backend;
+    use inbox_core::storage::bulk;
+
+    let Some(pool) = common::mysql("mysql_bulk_claim_race").await else {
+        return;
+    };
+    let mut other = sqlx::MySql::begin(&pool).await.unwrap();
+    let insert = "INSERT INTO inbox_messages \
+        (consumer, handler, message_id, message_type, status, payload_hash) \
+        VALUES ('billing', 'step', 'm-1', 'batch.step', 'processed', X'00')";
+    sqlx::query(insert).execute(&mut *other).await.unwrap();
+
+    let batch = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let mut tx = sqlx::MySql::begin(&pool).await.unwrap();
+            let claim = inbox_core::Claim {
+                consumer: "billing",
+                handler: "step",
+                message_id: "m-1",
+                message_type: "batch.step",
+                aggregate: None,
+                sequence: None,
+                payload_hash: &[0],
+                now_ms: 0,
+            };
+            bulk::claim(&mut tx, "billing", &[claim])
+                .await
+                .map(|claims| claims.inserted)
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    other.commit().await.unwrap();
+    let claimed = batch.await.unwrap();
+
+    let refused = matches!(&claimed, Err(sqlx::Error::Database(e)) if e.is_unique_violation());
+    assert!(refused, "{claimed:?}");
+}
+
+/// A MySQL batch locks its streams before it reads where they stand: a stream another
+/// transaction moves past the batch's message in the meantime finds that message stale, and is
+/// never moved back.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_bulk_advance_waits_for_a_stream_moved_meanwhile() {
+    use inbox::Backend;
+    use inbox_core::storage::bulk;
+
+    let Some(pool) = common::mysql("mysql_bulk_advance_race").await else {
+        return;
+    };
+    let stream = "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+        VALUES ('billing', 'step', 'a-1', 1)";
+    sqlx::query(stream).execute(&pool).await.unwrap();
+    let mut other = sqlx::MySql::begin(&pool).await.unwrap();
+    let advance = "UPDATE inbox_streams SET last_sequence = 5 WHERE aggregate_id = 'a-1'";
+    sqlx::query(advance).execute(&mut *other).await.unwrap();
+
+    let batch = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let mut tx = sqlx::MySql::begin(&pool).await.unwrap();
+            let moved = bulk::advance(&mut tx, "billing", &[("step", "a-1", 3)]).await;
+            tx.commit().await.unwrap();
+            moved.unwrap()
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    other.commit().await.unwrap();
+    let moved = batch.await.unwrap();
+
+    let last: i64 = sqlx::query_scalar("SELECT last_sequence FROM inbox_streams")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(moved.is_empty(), "the message is stale: {moved:?}");
+    assert_eq!(last, 5);
 }

@@ -4,11 +4,13 @@
 //! The statements that do not need the handler run once for the whole batch ([`Batch::claim`]):
 //! one claims every message's dedup row, one reads the rows that were there already (the
 //! duplicates cost nothing more), and one advances every stream under monotonic ordering (the
-//! stale cost one write to be marked so). What is left per message is its handler: the check
-//! that no handler left the transaction aborted (PostgreSQL) runs once, before the commit. Where the
-//! database has no such statements (MySQL), or for a message the bulk claim could not decide (a
-//! retry that is due, strict ordering), the message is claimed and placed on its own, inside the
-//! same transaction. A batch may hold several messages of one stream, one after the other: they
+//! stale cost one write to be marked so); on MySQL, which cannot say which rows a statement wrote,
+//! the reads come before the writes, and the advance is three statements (see
+//! [`BulkClaim`](crate::storage::BulkClaim) and [`BulkAdvance`](crate::storage::BulkAdvance)).
+//! What is left per message is its handler: the check
+//! that no handler left the transaction aborted (PostgreSQL) runs once, before the commit. For a
+//! message the bulk claim could not decide (a retry that is due, strict ordering), the message is
+//! claimed and placed on its own, inside the same transaction. A batch may hold several messages of one stream, one after the other: they
 //! are placed in bulk too, as each would have been after the one before it; and a copy of an
 //! earlier message of the batch is taken as seen from that one.
 //!
@@ -114,42 +116,16 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             .map(|entry| guard::content_hash(entry.received.payload))
             .collect();
         let mut found: Vec<Found> = entries.iter().map(|_| Found::default()).collect();
-        if bulk::supported::<DB>() {
-            let mut originals = HashMap::new();
-            let mut copies = Vec::new();
-            let claims: Vec<(usize, Claim<'_>)> = entries
-                .iter()
-                .zip(&hashes)
-                .enumerate()
-                .filter(|(_, (entry, _))| {
-                    let identity = entry.received.identity;
-                    identity.check_ordering(entry.ordering).is_ok()
-                })
-                .map(|(at, (entry, hash))| (at, claim_of(consumer, entry, hash)))
-                // A copy of an earlier message of the batch is claimed after it, from it.
-                .filter(
-                    |(at, claim)| match originals.entry((claim.handler, claim.message_id)) {
-                        hash_map::Entry::Occupied(original) => {
-                            copies.push((*at, *original.get()));
-                            false
-                        }
-                        hash_map::Entry::Vacant(slot) => {
-                            slot.insert(*at);
-                            true
-                        }
-                    },
-                )
-                .collect();
-            let claimed = self.claim_all(consumer, &claims).await?;
-            for ((at, _), claimed) in claims.iter().zip(claimed) {
-                found[*at].claimed = claimed;
-            }
-            for (copy, original) in copies {
-                found[copy].claimed = copy_found(&found[original].claimed, &hashes[original]);
-            }
-            self.place_all(consumer, entries, &claims, &mut found)
-                .await?;
+        let (claims, copies) = distinct_claims(consumer, entries, &hashes);
+        let claimed = self.claim_all(consumer, &claims).await?;
+        for ((at, _), claimed) in claims.iter().zip(claimed) {
+            found[*at].claimed = claimed;
         }
+        for (copy, original) in copies {
+            found[copy].claimed = copy_found(&found[original].claimed, &hashes[original]);
+        }
+        self.place_all(consumer, entries, &claims, &mut found)
+            .await?;
         let tickets = hashes.into_iter().zip(found);
         let ticket = |(payload_hash, found)| Ticket {
             payload_hash,
@@ -166,21 +142,10 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         claims: &[(usize, Claim<'_>)],
     ) -> Result<Vec<Option<Claimed>>, Abandoned> {
         let rows: Vec<Claim<'_>> = claims.iter().map(|(_, claim)| *claim).collect();
-        let inserted = bulk::claim(&mut self.tx, consumer, &rows)
+        let bulk::Claims { inserted, mut seen } = bulk::claim(&mut self.tx, consumer, &rows)
             .await
             .map_err(refused)?;
         let key = |claim: &Claim<'_>| (claim.handler.to_owned(), claim.message_id.to_owned());
-        let there: Vec<(&str, &str)> = rows
-            .iter()
-            .filter(|claim| !inserted.contains(&key(claim)))
-            .map(|claim| (claim.handler, claim.message_id))
-            .collect();
-        let mut seen = match there.is_empty() {
-            true => Default::default(),
-            false => bulk::seen(&mut self.tx, consumer, &there)
-                .await
-                .map_err(refused)?,
-        };
         let claimed = rows.iter().map(|claim| {
             if inserted.contains(&key(claim)) {
                 return Some(Claimed::New);
@@ -340,6 +305,45 @@ impl<'c, DB: Backend> Batch<'c, DB> {
             Abandoned::Refused
         })
     }
+}
+
+/// A copy of an earlier message of a batch: its place in the batch, and the original's.
+type Copied = (usize, usize);
+
+/// The claims of a batch's entries that the bulk claim takes (each with its place in the
+/// batch), and the copies of an earlier message of the batch, which are claimed after it, from
+/// it. Entries whose sequence strict ordering refuses are in
+/// neither.
+fn distinct_claims<'a>(
+    consumer: &'a str,
+    entries: &[Entry<'a>],
+    hashes: &'a [Vec<u8>],
+) -> (Vec<(usize, Claim<'a>)>, Vec<Copied>) {
+    let mut originals = HashMap::new();
+    let mut copies = Vec::new();
+    let claims = entries
+        .iter()
+        .zip(hashes)
+        .enumerate()
+        .filter(|(_, (entry, _))| {
+            let identity = entry.received.identity;
+            identity.check_ordering(entry.ordering).is_ok()
+        })
+        .map(|(at, (entry, hash))| (at, claim_of(consumer, entry, hash)))
+        .filter(
+            |(at, claim)| match originals.entry((claim.handler, claim.message_id)) {
+                hash_map::Entry::Occupied(original) => {
+                    copies.push((*at, *original.get()));
+                    false
+                }
+                hash_map::Entry::Vacant(slot) => {
+                    slot.insert(*at);
+                    true
+                }
+            },
+        )
+        .collect();
+    (claims, copies)
 }
 
 /// The messages of one stream that a batch places in bulk, in batch order.

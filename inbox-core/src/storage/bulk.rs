@@ -1,8 +1,8 @@
 //! Many dedup rows and streams in one statement each, for a batch: the claims of all its
 //! messages, the rows some of them found there already, and the advance of their streams. The
 //! rows go to the database as one JSON document (`jsonb_to_recordset` on PostgreSQL,
-//! `json_each` on SQLite), so each statement is one fixed text, prepared once, whatever the
-//! batch's size.
+//! `json_each` on SQLite, `JSON_TABLE` on MySQL), so each statement is one fixed text, prepared
+//! once, whatever the batch's size.
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,7 +11,7 @@ use sqlx::Transaction;
 
 use super::messages::Seen;
 use super::sql::{self, Columns, FromColumns, Param};
-use super::{Backend, BatchSql};
+use super::{Backend, BulkAdvance, BulkClaim};
 use crate::keys::Claim;
 
 /// A dedup row's key within one consumer: (handler, message id).
@@ -26,7 +26,10 @@ struct ClaimRow<'a> {
     handler: &'a str,
     message_id: &'a str,
     message_type: &'a str,
+    // Left out when there is none: a missing field reads as `NULL` on every database.
+    #[serde(skip_serializing_if = "Option::is_none")]
     aggregate_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     sequence_number: Option<i64>,
     /// The payload hash in hexadecimal: JSON has no bytes.
     payload_hash: String,
@@ -38,6 +41,12 @@ struct StreamRow<'a> {
     handler: &'a str,
     aggregate_id: &'a str,
     sequence_number: i64,
+}
+
+impl StreamRow<'_> {
+    fn key(&self) -> StreamKey {
+        (self.handler.to_owned(), self.aggregate_id.to_owned())
+    }
 }
 
 /// A dedup row's key, as a bulk statement reads it from the document.
@@ -82,25 +91,25 @@ impl FromColumns for SeenRow {
     }
 }
 
-/// The database's bulk statements, if it has them (MySQL has no `RETURNING` to say which rows a
-/// statement wrote: a batch there claims one message at a time).
-pub fn supported<DB: Backend>() -> bool {
-    DB::SQL.batch.is_some()
+/// What a bulk claim found: the keys of the rows it inserted, and the rows that were there.
+#[derive(Debug, Default)]
+pub struct Claims {
+    /// The rows inserted, by key.
+    pub inserted: HashSet<RowKey>,
+    /// The rows that were there, by key.
+    pub seen: HashMap<RowKey, Seen>,
 }
 
-fn statements<DB: Backend>() -> Result<BatchSql, sqlx::Error> {
-    DB::SQL
-        .batch
-        .ok_or_else(|| sqlx::Error::Protocol("this database has no bulk statements".into()))
-}
-
-/// Inserts a `processed` dedup row for every claim of `consumer` that has none yet; returns the
-/// keys it inserted (a claim whose row was there is not among them).
+/// Inserts a `processed` dedup row for every claim of `consumer` that has none yet (each key
+/// once); says which it inserted and reads the rows of the others.
 pub async fn claim<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     consumer: &str,
     claims: &[Claim<'_>],
-) -> Result<HashSet<RowKey>, sqlx::Error> {
+) -> Result<Claims, sqlx::Error> {
+    if claims.is_empty() {
+        return Ok(Claims::default());
+    }
     let rows: Vec<ClaimRow<'_>> = claims
         .iter()
         .map(|claim| ClaimRow {
@@ -112,8 +121,35 @@ pub async fn claim<DB: Backend>(
             payload_hash: hex(claim.payload_hash),
         })
         .collect();
-    let sql = statements::<DB>()?.claim;
-    keys::<DB>(tx, sql, consumer, &rows).await
+    let key = |row: &ClaimRow<'_>| (row.handler.to_owned(), row.message_id.to_owned());
+    match DB::SQL.batch.claim {
+        BulkClaim::Returning(insert) => {
+            let inserted = keys::<DB>(tx, insert, consumer, &rows).await?;
+            let there: Vec<(&str, &str)> = rows
+                .iter()
+                .filter(|row| !inserted.contains(&key(row)))
+                .map(|row| (row.handler, row.message_id))
+                .collect();
+            let seen = seen(tx, consumer, &there).await?;
+            Ok(Claims { inserted, seen })
+        }
+        BulkClaim::ReadThenInsert(insert) => {
+            let all: Vec<(&str, &str)> = rows
+                .iter()
+                .map(|row| (row.handler, row.message_id))
+                .collect();
+            let seen = seen(tx, consumer, &all).await?;
+            let new: Vec<&ClaimRow<'_>> = rows
+                .iter()
+                .filter(|row| !seen.contains_key(&key(row)))
+                .collect();
+            if !new.is_empty() {
+                execute::<DB>(tx, insert, consumer, &new).await?;
+            }
+            let inserted = new.into_iter().map(key).collect();
+            Ok(Claims { inserted, seen })
+        }
+    }
 }
 
 /// The dedup rows of `consumer` already there for `keys`, by key.
@@ -122,8 +158,11 @@ pub async fn seen<DB: Backend>(
     consumer: &str,
     keys: &[(&str, &str)],
 ) -> Result<HashMap<RowKey, Seen>, sqlx::Error> {
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
     let rows = message_rows(keys);
-    let sql = statements::<DB>()?.seen;
+    let sql = DB::SQL.batch.seen;
     let found: Vec<SeenRow> = fetch_rows::<DB, _>(tx, sql, consumer, &rows).await?;
     Ok(found
         .into_iter()
@@ -134,7 +173,8 @@ pub async fn seen<DB: Backend>(
 /// Locks each of `consumer`'s streams (creating those missing) and moves it to its sequence if
 /// that is newer than its last applied one, like [`super::streams::advance`] for each; returns
 /// the streams it moved (a stream that is not among them had its message stale). Each stream
-/// may appear once.
+/// may appear once. Fails with [`sqlx::Error::RowNotFound`] if a stream it locked is not there
+/// to read or to move.
 pub async fn advance<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     consumer: &str,
@@ -148,8 +188,35 @@ pub async fn advance<DB: Backend>(
             sequence_number,
         })
         .collect();
-    let sql = statements::<DB>()?.advance;
-    keys::<DB>(tx, sql, consumer, &rows).await
+    match DB::SQL.batch.advance {
+        BulkAdvance::Returning(upsert) => keys::<DB>(tx, upsert, consumer, &rows).await,
+        BulkAdvance::LockThenSet { lock, set } => {
+            execute::<DB>(tx, lock, consumer, &rows).await?;
+            let read = DB::SQL.batch.last_sequences;
+            let lasts: Vec<LastSequence> = fetch_rows::<DB, _>(tx, read, consumer, &rows).await?;
+            if lasts.len() != rows.len() {
+                return Err(sqlx::Error::RowNotFound);
+            }
+            let lasts: HashMap<StreamKey, i64> = lasts
+                .into_iter()
+                .map(|LastSequence(stream, last)| (stream, last))
+                .collect();
+            let behind: Vec<&StreamRow<'_>> = rows
+                .iter()
+                .filter(|row| {
+                    lasts
+                        .get(&row.key())
+                        .is_some_and(|&last| row.sequence_number > last)
+                })
+                .collect();
+            if !behind.is_empty()
+                && execute::<DB>(tx, set, consumer, &behind).await? != behind.len() as u64
+            {
+                return Err(sqlx::Error::RowNotFound);
+            }
+            Ok(behind.into_iter().map(StreamRow::key).collect())
+        }
+    }
 }
 
 /// The last applied sequence of each of `consumer`'s `streams` (handler, aggregate) that has a
@@ -166,7 +233,7 @@ pub async fn last_sequences<DB: Backend>(
             aggregate_id,
         })
         .collect();
-    let sql = statements::<DB>()?.last_sequences;
+    let sql = DB::SQL.batch.last_sequences;
     let found: Vec<LastSequence> = fetch_rows::<DB, _>(tx, sql, consumer, &rows).await?;
     Ok(found
         .into_iter()
@@ -183,10 +250,7 @@ pub async fn settle_stale<DB: Backend>(
     keys: &[(&str, &str)],
 ) -> Result<(), sqlx::Error> {
     let rows = message_rows(keys);
-    let sql = statements::<DB>()?.settle_stale;
-    let document = document(&rows)?;
-    let params = [Param::Text(consumer), Param::Text(&document)];
-    let settled = sql::execute::<DB>(sql::conn(tx), sql, &params).await?;
+    let settled = execute::<DB>(tx, DB::SQL.batch.settle_stale, consumer, &rows).await?;
     match settled == keys.len() as u64 {
         true => Ok(()),
         false => Err(sqlx::Error::RowNotFound),
@@ -225,6 +289,19 @@ async fn fetch_rows<DB: Backend, T: FromColumns>(
     let document = document(rows)?;
     let params = [Param::Text(consumer), Param::Text(&document)];
     sql::fetch_all::<DB, T>(sql::conn(tx), sql, &params).await
+}
+
+/// Runs a bulk write for `consumer` over `rows`, sent as one JSON document; returns the rows it
+/// wrote (on MySQL, those it found).
+async fn execute<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    sql: &'static str,
+    consumer: &str,
+    rows: &[impl Serialize],
+) -> Result<u64, sqlx::Error> {
+    let document = document(rows)?;
+    let params = [Param::Text(consumer), Param::Text(&document)];
+    sql::execute::<DB>(sql::conn(tx), sql, &params).await
 }
 
 /// `rows` as the one JSON document a bulk statement takes.

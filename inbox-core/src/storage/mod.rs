@@ -150,9 +150,8 @@ pub struct Statements {
     pub purge: PurgeSql,
     /// The outbox and its relay.
     pub outbox: OutboxSql,
-    /// A batch's claims and stream advances, many rows a statement; `None` where a statement
-    /// cannot say which rows it wrote (MySQL): a batch there claims one message at a time.
-    pub batch: Option<BatchSql>,
+    /// A batch's claims and stream advances, many rows a statement.
+    pub batch: BatchSql,
     /// What is kept for operators: consumers, operators' actions, conflicts.
     pub records: operators::RecordSql,
     /// The schema check.
@@ -266,18 +265,44 @@ pub struct OperatorSql {
 /// then a JSON array of rows.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchSql {
-    /// Inserts a `processed` row per claim unless one is there; gives the keys it inserted
-    /// ([`bulk::claim`]).
-    pub claim: &'static str,
+    /// Inserts a `processed` row per claim unless one is there ([`bulk::claim`]).
+    pub claim: BulkClaim,
     /// Reads the dedup rows there for a list of keys ([`bulk::seen`]).
     pub seen: &'static str,
-    /// Creates or advances streams, writing only those whose sequence is newer; gives the keys
-    /// it wrote ([`bulk::advance`]).
-    pub advance: &'static str,
+    /// Creates or advances streams, moving only those whose sequence is newer
+    /// ([`bulk::advance`]).
+    pub advance: BulkAdvance,
     /// Reads the last applied sequence of a list of streams ([`bulk::last_sequences`]).
     pub last_sequences: &'static str,
     /// Sets a list of dedup rows `stale` ([`bulk::settle_stale`]).
     pub settle_stale: &'static str,
+}
+
+/// How a bulk claim tells the rows it inserted from those that were there.
+#[derive(Debug, Clone, Copy)]
+pub enum BulkClaim {
+    /// One statement, `INSERT ... ON CONFLICT DO NOTHING RETURNING` the keys it inserted.
+    Returning(&'static str),
+    /// The rows there are read first ([`BatchSql::seen`]), then a plain `INSERT` writes the
+    /// others: a row another transaction wrote in between is a unique violation, which refuses
+    /// the batch (its messages then go one per transaction), never a row taken for new.
+    ReadThenInsert(&'static str),
+}
+
+/// How a bulk advance tells the streams it moved from those whose message was stale.
+#[derive(Debug, Clone, Copy)]
+pub enum BulkAdvance {
+    /// One upsert that writes only the newer sequences, `RETURNING` the keys it wrote.
+    Returning(&'static str),
+    /// `lock` creates the missing streams at 0 and locks them all, as
+    /// [`StreamSql::lock`] does one; their last sequences are read
+    /// ([`BatchSql::last_sequences`]) and `set` moves those behind their message's sequence.
+    LockThenSet {
+        /// Creates (at 0) or touches every stream, in key order.
+        lock: &'static str,
+        /// Moves each stream to its sequence.
+        set: &'static str,
+    },
 }
 
 /// The statements on the outbox ([`outbox`]).

@@ -14,8 +14,11 @@
 //! - no partial indexes: a generated column and composite indexes (see the migration);
 //! - a failed statement aborts only itself, so there is no transaction to check after a handler
 //!   (`check_open: None`);
-//! - no bulk statements for a batch (`batch: None`): without `RETURNING` a statement cannot say
-//!   which of its rows it wrote, so a batch claims its messages one at a time;
+//! - a batch's rows come as a table from `JSON_TABLE`, joined to the inbox's tables in the order
+//!   written (`STRAIGHT_JOIN`: each row one lookup of its key, whatever the statistics say); with
+//!   no `RETURNING` to say which rows a statement wrote, its bulk claim reads the rows there
+//!   first and inserts the others ([`BulkClaim::ReadThenInsert`]), and its bulk advance locks
+//!   every stream, reads them and moves those behind ([`BulkAdvance::LockThenSet`]);
 //! - `GET_LOCK` for the purge leader, `DATE_FORMAT` and `TIMESTAMPDIFF` for times.
 
 use crate::context::{Context, DatabaseHandle};
@@ -29,7 +32,8 @@ use super::postgres::{
 };
 use super::schema;
 use super::{
-    Backend, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
+    Backend, BatchSql, BulkAdvance, BulkClaim, MessageSql, OperatorSql, OutboxSql, PurgeSql,
+    Returning, Statements, StreamSql,
 };
 
 /// The time in `$column` as RFC 3339 text, to the second (the session's time zone is UTC).
@@ -47,6 +51,69 @@ macro_rules! select_stored_utc {
             ", ",
             rfc3339!("failed_at")
         ))
+    };
+}
+
+/// A text column of a batch's rows: as long as any value sent (the column it goes to refuses
+/// what is too long for it, where `JSON_TABLE` would cut it short), compared byte for byte.
+macro_rules! text_column {
+    ($name:literal) => {
+        concat!(
+            $name,
+            " VARCHAR(2048) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.",
+            $name,
+            "'"
+        )
+    };
+}
+
+/// The rows of a batch's JSON document (the statement's second parameter) as table `r`, with
+/// the columns given.
+macro_rules! batch_rows {
+    ($first:expr $(, $column:expr)*) => {
+        concat!("JSON_TABLE(?, '$[*]' COLUMNS (", $first, $(", ", $column,)* ")) AS r")
+    };
+}
+
+/// The consumer (the statement's first parameter) as table `c`, then the rows of a batch's
+/// document with the columns given, then `table`: the order in which `STRAIGHT_JOIN` reads them.
+macro_rules! consumer_rows_then {
+    ($table:literal, $($column:expr),+) => {
+        concat!(
+            "(SELECT CONVERT(? USING utf8mb4) COLLATE utf8mb4_bin AS consumer) AS c STRAIGHT_JOIN ",
+            batch_rows!($($column),+),
+            " STRAIGHT_JOIN ",
+            $table
+        )
+    };
+}
+
+/// A batch's dedup rows, each found by its key.
+macro_rules! batch_messages {
+    () => {
+        concat!(
+            consumer_rows_then!(
+                "inbox_messages AS m",
+                text_column!("handler"),
+                text_column!("message_id")
+            ),
+            " ON m.consumer = c.consumer AND m.handler = r.handler AND m.message_id = r.message_id"
+        )
+    };
+}
+
+/// A batch's streams, each found by its key, with the rows' further columns given.
+macro_rules! batch_streams {
+    ($($column:expr),*) => {
+        concat!(
+            consumer_rows_then!(
+                "inbox_streams AS s",
+                text_column!("handler"),
+                text_column!("aggregate_id")
+                $(, $column)*
+            ),
+            " ON s.consumer = c.consumer AND s.handler = r.handler AND s.aggregate_id = r.aggregate_id"
+        )
     };
 }
 
@@ -196,7 +263,51 @@ const SQL: Statements = Statements {
         ),
         unlock: Some("SELECT RELEASE_LOCK(CONCAT('inbox_purge.', DATABASE()))"),
     },
-    batch: None,
+    batch: BatchSql {
+        claim: BulkClaim::ReadThenInsert(concat!(
+            "INSERT INTO inbox_messages \
+            (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
+            SELECT ?, r.handler, r.message_id, r.message_type, r.aggregate_id, r.sequence_number, 'processed', \
+            UNHEX(r.payload_hash), CURRENT_TIMESTAMP(6) FROM ",
+            batch_rows!(
+                text_column!("handler"),
+                text_column!("message_id"),
+                text_column!("message_type"),
+                text_column!("aggregate_id"),
+                "sequence_number BIGINT PATH '$.sequence_number'",
+                text_column!("payload_hash")
+            ),
+            " ORDER BY r.handler, r.message_id"
+        )),
+        seen: concat!(
+            "SELECT STRAIGHT_JOIN m.payload_hash, m.status, m.retry_at_ms, m.handler, m.message_id FROM ",
+            batch_messages!()
+        ),
+        advance: BulkAdvance::LockThenSet {
+            lock: concat!(
+                "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+                SELECT ?, r.handler, r.aggregate_id, 0 FROM ",
+                batch_rows!(text_column!("handler"), text_column!("aggregate_id")),
+                " ORDER BY r.handler, r.aggregate_id \
+                ON DUPLICATE KEY UPDATE updated_at = CURRENT_TIMESTAMP(6)"
+            ),
+            set: concat!(
+                "UPDATE ",
+                batch_streams!("sequence_number BIGINT PATH '$.sequence_number'"),
+                " SET s.last_sequence = r.sequence_number, s.updated_at = CURRENT_TIMESTAMP(6)"
+            ),
+        },
+        last_sequences: concat!(
+            "SELECT STRAIGHT_JOIN s.handler, s.aggregate_id, s.last_sequence FROM ",
+            batch_streams!()
+        ),
+        settle_stale: concat!(
+            "UPDATE ",
+            batch_messages!(),
+            " SET m.status = 'stale', m.payload = NULL, m.headers = NULL, \
+            m.processed_at = CURRENT_TIMESTAMP(6)"
+        ),
+    },
     // A locking read locks no rows of its subqueries, so the order check sees the rows another
     // relay holds. A purge deletes in order with a `LIMIT` of its own: MySQL takes none in a
     // subquery of the table it deletes from.

@@ -14,7 +14,8 @@ use super::Backend;
 use super::operators::RecordSql;
 use super::schema;
 use super::{
-    BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning, Statements, StreamSql,
+    BatchSql, BulkAdvance, BulkClaim, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning,
+    Statements, StreamSql,
 };
 
 /// The columns of an `OutboxMessage`.
@@ -436,8 +437,9 @@ pub(super) const SQL: Statements = Statements {
     // opposite orders; each row found is one lookup of its key, whatever the statistics say
     // (the `LIMIT` keeps the planner from folding the lookup into a join that reads every row of
     // the consumer).
-    batch: Some(BatchSql {
-        claim: "INSERT INTO inbox_messages \
+    batch: BatchSql {
+        claim: BulkClaim::Returning(
+            "INSERT INTO inbox_messages \
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
             SELECT $1, r.handler, r.message_id, r.message_type, r.aggregate_id, r.sequence_number, 'processed', \
             decode(r.payload_hash, 'hex'), CURRENT_TIMESTAMP \
@@ -445,17 +447,20 @@ pub(super) const SQL: Statements = Statements {
             aggregate_id text, sequence_number int8, payload_hash text) \
             ORDER BY r.handler, r.message_id \
             ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING handler, message_id",
+        ),
         seen: "SELECT m.payload_hash, m.status, m.retry_at_ms, m.handler, m.message_id \
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text), \
             LATERAL (SELECT * FROM inbox_messages WHERE consumer = $1 AND handler = r.handler \
             AND message_id = r.message_id LIMIT 1) m",
-        advance: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+        advance: BulkAdvance::Returning(
+            "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
             SELECT $1, r.handler, r.aggregate_id, r.sequence_number \
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, aggregate_id text, sequence_number int8) \
             ORDER BY r.handler, r.aggregate_id \
             ON CONFLICT (consumer, handler, aggregate_id) \
             DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
             WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
+        ),
         last_sequences: "SELECT r.handler, r.aggregate_id, s.last_sequence \
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, aggregate_id text), \
             LATERAL (SELECT last_sequence FROM inbox_streams WHERE consumer = $1 \
@@ -467,7 +472,7 @@ pub(super) const SQL: Statements = Statements {
             FROM jsonb_to_recordset($2::jsonb) AS r(handler text, message_id text), \
             LATERAL (SELECT ctid FROM inbox_messages WHERE consumer = $1 AND handler = r.handler \
             AND message_id = r.message_id LIMIT 1) m))",
-    }),
+    },
     outbox: OutboxSql {
         advance: Returning::Inline(
             "INSERT INTO inbox_outbox_streams (aggregate_id, last_sequence) VALUES ($1, 1) \

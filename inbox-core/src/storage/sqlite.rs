@@ -16,7 +16,8 @@ use super::postgres::{
     select_conflicts, select_kept_rejected, select_outbox, select_stored,
 };
 use super::{
-    Backend, BatchSql, MessageSql, OperatorSql, OutboxSql, PurgeSql, Statements, StreamSql,
+    Backend, BatchSql, BulkAdvance, BulkClaim, MessageSql, OperatorSql, OutboxSql, PurgeSql,
+    Statements, StreamSql,
 };
 
 /// The time in `$column` as RFC 3339 text, to the second (SQLite keeps UTC text).
@@ -100,23 +101,27 @@ const SQL: Statements = Statements {
         unlock: None,
     },
     // One writer at a time: no lock order to keep. `WHERE true` tells the upsert from a join.
-    batch: Some(BatchSql {
-        claim: "INSERT INTO inbox_messages \
+    batch: BatchSql {
+        claim: BulkClaim::Returning(
+            "INSERT INTO inbox_messages \
             (consumer, handler, message_id, message_type, aggregate_id, sequence_number, status, payload_hash, processed_at) \
             SELECT $1, r.value ->> 'handler', r.value ->> 'message_id', r.value ->> 'message_type', \
             r.value ->> 'aggregate_id', r.value ->> 'sequence_number', 'processed', \
             unhex(r.value ->> 'payload_hash'), CURRENT_TIMESTAMP FROM json_each($2) AS r WHERE true \
             ON CONFLICT (consumer, handler, message_id) DO NOTHING RETURNING handler, message_id",
+        ),
         seen: "SELECT m.payload_hash, m.status, m.retry_at_ms, m.handler, m.message_id \
             FROM json_each($2) AS r CROSS JOIN inbox_messages m \
             WHERE m.consumer = $1 AND m.handler = r.value ->> 'handler' \
             AND m.message_id = r.value ->> 'message_id'",
-        advance: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
+        advance: BulkAdvance::Returning(
+            "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
             SELECT $1, r.value ->> 'handler', r.value ->> 'aggregate_id', r.value ->> 'sequence_number' \
             FROM json_each($2) AS r WHERE true \
             ON CONFLICT (consumer, handler, aggregate_id) \
             DO UPDATE SET last_sequence = excluded.last_sequence, updated_at = CURRENT_TIMESTAMP \
             WHERE inbox_streams.last_sequence < excluded.last_sequence RETURNING handler, aggregate_id",
+        ),
         last_sequences: "SELECT s.handler, s.aggregate_id, s.last_sequence \
             FROM json_each($2) AS r CROSS JOIN inbox_streams s \
             WHERE s.consumer = $1 AND s.handler = r.value ->> 'handler' \
@@ -126,7 +131,7 @@ const SQL: Statements = Statements {
             WHERE rowid IN (SELECT m.rowid FROM json_each($2) AS r CROSS JOIN inbox_messages m \
             WHERE m.consumer = $1 AND m.handler = r.value ->> 'handler' \
             AND m.message_id = r.value ->> 'message_id')",
-    }),
+    },
     // No row locks: the relay's transaction holds the one write lock instead.
     outbox: OutboxSql {
         claim: concat!(
