@@ -10,7 +10,7 @@
 //! runtime / `process()`.
 //!
 //! `cargo bench --bench throughput` runs on a SQLite file; `DATABASE_URL=postgres://...` adds
-//! PostgreSQL. `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or
+//! PostgreSQL, and `MYSQL_URL=mysql://...` with `--features mysql` adds MySQL. `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or
 //! widen the runs.
 
 use std::collections::VecDeque;
@@ -98,6 +98,26 @@ fn deliveries(aggregates: usize) -> Vec<Envelope> {
     let envelope = |(n, event): (usize, &&Credited)| Envelope::encode(format!("d-{n}"), *event);
     let encoded = stream.iter().enumerate().map(envelope);
     encoded.collect::<Result<_, _>>().expect("encode")
+}
+
+/// `ledger::CREDIT` in MySQL's placeholders.
+#[cfg(feature = "mysql")]
+pub const CREDIT_MYSQL: &str = "UPDATE accounts SET balance = balance + ? WHERE id = ?";
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "account",
+    name = "credit"
+)]
+pub async fn credit_mysql(
+    tx: &mut sqlx::MySqlConnection,
+    msg: Credited,
+) -> Result<(), HandlerError> {
+    let credit = sqlx::query(CREDIT_MYSQL).bind(msg.amount).bind(msg.account);
+    credit.execute(&mut *tx).await?;
+    Ok(())
 }
 
 /// Runs `deliveries` through `Inbox::run` for a new consumer group; returns deliveries per second.
@@ -199,11 +219,13 @@ async fn pgbench(
     }
 }
 
-/// One database to measure: its pool, its handler, and its URL for pgbench (PostgreSQL only).
+/// One database to measure: its pool, its handler and the handler's statement, and its URL for
+/// pgbench (PostgreSQL only).
 struct Target<DB: Backend, H> {
     name: &'static str,
     pool: Pool<DB>,
     handler: H,
+    credit: &'static str,
     pgbench_url: Option<String>,
 }
 
@@ -243,7 +265,7 @@ where
         println!(
             "{}: one handler statement's round trip {:.1} µs",
             self.name,
-            round_trip(&self.pool).await?
+            round_trip(&self.pool, self.credit).await?
         );
         println!(
             "{}: {MESSAGES} messages + 30% duplicates, msg/s (median of {} rounds)",
@@ -323,9 +345,9 @@ async fn seen_by_pgbench(pool: &Pool<Postgres>) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The time one handler statement (`CREDIT`) takes in a transaction, there and back, in µs: a
+/// The time one handler statement (`credit`) takes in a transaction, there and back, in µs: a
 /// batch's new message costs at least this.
-async fn round_trip<DB: Backend>(pool: &Pool<DB>) -> Result<f64, Failure>
+async fn round_trip<DB: Backend>(pool: &Pool<DB>, credit: &'static str) -> Result<f64, Failure>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
@@ -335,7 +357,7 @@ where
     let mut tx = pool.begin().await?;
     let started = Instant::now();
     for n in 0..STATEMENTS {
-        let credit = sqlx::query(ledger::CREDIT)
+        let credit = sqlx::query(credit)
             .bind(0_i64)
             .bind(format!("acct-{}", n % 200));
         credit.execute(&mut *tx).await?;
@@ -343,6 +365,24 @@ where
     let took = started.elapsed();
     tx.rollback().await?;
     Ok(took.as_secs_f64() * 1e6 / f64::from(STATEMENTS))
+}
+
+/// The MySQL database `MYSQL_URL` names, on a pool of up to `connections`, or `None` (printed
+/// as skipped) when it is not set or the `mysql` feature is off.
+#[cfg(feature = "mysql")]
+async fn mysql_from_env(connections: u32) -> Result<Option<Pool<sqlx::MySql>>, Failure> {
+    match std::env::var("MYSQL_URL") {
+        Ok(url) => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new().max_connections(connections);
+            Ok(Some(pool.connect(&url).await?))
+        }
+        Err(_) => {
+            println!(
+                "MySQL: skipped (set MYSQL_URL=mysql://... and --features mysql to measure it)"
+            );
+            Ok(None)
+        }
+    }
 }
 
 fn median(rates: &mut [f64]) -> Option<f64> {
@@ -359,6 +399,7 @@ async fn main() -> Result<(), Failure> {
         name: "SQLite (WAL, synchronous = FULL)",
         pool: sqlite,
         handler: credit_sqlite,
+        credit: ledger::CREDIT,
         pgbench_url: None,
     };
     target.table(&plan).await?;
@@ -370,10 +411,24 @@ async fn main() -> Result<(), Failure> {
             name: "PostgreSQL",
             pool: postgres,
             handler: credit_postgres,
+            credit: ledger::CREDIT,
             pgbench_url: Some(url),
         };
         target.table(&plan).await?;
         forget(&target.pool, "pgbench").await?;
+    }
+
+    #[cfg(feature = "mysql")]
+    if let Some(mysql) = mysql_from_env(24).await? {
+        ledger::prepare(&mysql, ACCOUNTS).await?;
+        let target = Target {
+            name: "MySQL",
+            pool: mysql,
+            handler: credit_mysql,
+            credit: CREDIT_MYSQL,
+            pgbench_url: None,
+        };
+        target.table(&plan).await?;
     }
     Ok(())
 }

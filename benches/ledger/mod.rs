@@ -89,7 +89,7 @@ where
     inbox::migrate(pool).await?;
     for sql in [
         "DROP TABLE IF EXISTS accounts",
-        "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0)",
+        "CREATE TABLE accounts (id VARCHAR(100) PRIMARY KEY, balance BIGINT NOT NULL DEFAULT 0)",
         "DELETE FROM inbox_messages WHERE handler = 'credit'",
         "DELETE FROM inbox_streams WHERE handler = 'credit'",
     ] {
