@@ -35,6 +35,12 @@ struct ClaimRow<'a> {
     payload_hash: String,
 }
 
+impl ClaimRow<'_> {
+    fn key(&self) -> RowKey {
+        (self.handler.to_owned(), self.message_id.to_owned())
+    }
+}
+
 /// One stream of a bulk advance.
 #[derive(Serialize)]
 struct StreamRow<'a> {
@@ -121,35 +127,51 @@ pub async fn claim<DB: Backend>(
             payload_hash: hex(claim.payload_hash),
         })
         .collect();
-    let key = |row: &ClaimRow<'_>| (row.handler.to_owned(), row.message_id.to_owned());
     match DB::SQL.batch.claim {
-        BulkClaim::Returning(insert) => {
-            let inserted = keys::<DB>(tx, insert, consumer, &rows).await?;
-            let there: Vec<(&str, &str)> = rows
-                .iter()
-                .filter(|row| !inserted.contains(&key(row)))
-                .map(|row| (row.handler, row.message_id))
-                .collect();
-            let seen = seen(tx, consumer, &there).await?;
-            Ok(Claims { inserted, seen })
-        }
-        BulkClaim::ReadThenInsert(insert) => {
-            let all: Vec<(&str, &str)> = rows
-                .iter()
-                .map(|row| (row.handler, row.message_id))
-                .collect();
-            let seen = seen(tx, consumer, &all).await?;
-            let new: Vec<&ClaimRow<'_>> = rows
-                .iter()
-                .filter(|row| !seen.contains_key(&key(row)))
-                .collect();
-            if !new.is_empty() {
-                execute::<DB>(tx, insert, consumer, &new).await?;
-            }
-            let inserted = new.into_iter().map(key).collect();
-            Ok(Claims { inserted, seen })
-        }
+        BulkClaim::Returning(insert) => insert_returning(tx, insert, consumer, &rows).await,
+        BulkClaim::ReadThenInsert(insert) => read_then_insert(tx, insert, consumer, &rows).await,
     }
+}
+
+/// A bulk claim that says which rows it inserted: the rows of the others are read after it.
+async fn insert_returning<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    insert: &'static str,
+    consumer: &str,
+    rows: &[ClaimRow<'_>],
+) -> Result<Claims, sqlx::Error> {
+    let inserted = keys::<DB>(tx, insert, consumer, rows).await?;
+    let there: Vec<(&str, &str)> = rows
+        .iter()
+        .filter(|row| !inserted.contains(&row.key()))
+        .map(|row| (row.handler, row.message_id))
+        .collect();
+    let seen = seen(tx, consumer, &there).await?;
+    Ok(Claims { inserted, seen })
+}
+
+/// A bulk claim that cannot say which rows it inserted: the rows there are read first, and a
+/// plain insert of the others fails on one written in between.
+async fn read_then_insert<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    insert: &'static str,
+    consumer: &str,
+    rows: &[ClaimRow<'_>],
+) -> Result<Claims, sqlx::Error> {
+    let all: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|row| (row.handler, row.message_id))
+        .collect();
+    let seen = seen(tx, consumer, &all).await?;
+    let new: Vec<&ClaimRow<'_>> = rows
+        .iter()
+        .filter(|row| !seen.contains_key(&row.key()))
+        .collect();
+    if !new.is_empty() {
+        execute::<DB>(tx, insert, consumer, &new).await?;
+    }
+    let inserted = new.into_iter().map(ClaimRow::key).collect();
+    Ok(Claims { inserted, seen })
 }
 
 /// The dedup rows of `consumer` already there for `keys`, by key.
@@ -191,32 +213,42 @@ pub async fn advance<DB: Backend>(
     match DB::SQL.batch.advance {
         BulkAdvance::Returning(upsert) => keys::<DB>(tx, upsert, consumer, &rows).await,
         BulkAdvance::LockThenSet { lock, set } => {
-            execute::<DB>(tx, lock, consumer, &rows).await?;
-            let read = DB::SQL.batch.last_sequences;
-            let lasts: Vec<LastSequence> = fetch_rows::<DB, _>(tx, read, consumer, &rows).await?;
-            if lasts.len() != rows.len() {
-                return Err(sqlx::Error::RowNotFound);
-            }
-            let lasts: HashMap<StreamKey, i64> = lasts
-                .into_iter()
-                .map(|LastSequence(stream, last)| (stream, last))
-                .collect();
-            let behind: Vec<&StreamRow<'_>> = rows
-                .iter()
-                .filter(|row| {
-                    lasts
-                        .get(&row.key())
-                        .is_some_and(|&last| row.sequence_number > last)
-                })
-                .collect();
-            if !behind.is_empty()
-                && execute::<DB>(tx, set, consumer, &behind).await? != behind.len() as u64
-            {
-                return Err(sqlx::Error::RowNotFound);
-            }
-            Ok(behind.into_iter().map(StreamRow::key).collect())
+            lock_then_set(tx, (lock, set), consumer, &rows).await
         }
     }
+}
+
+/// A bulk advance on a database whose upsert cannot say which rows it moved: every stream
+/// locked (created at 0 where missing), read, and those behind their row's sequence moved.
+async fn lock_then_set<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    (lock, set): (&'static str, &'static str),
+    consumer: &str,
+    rows: &[StreamRow<'_>],
+) -> Result<HashSet<StreamKey>, sqlx::Error> {
+    execute::<DB>(tx, lock, consumer, rows).await?;
+    let read = DB::SQL.batch.last_sequences;
+    let lasts: Vec<LastSequence> = fetch_rows::<DB, _>(tx, read, consumer, rows).await?;
+    if lasts.len() != rows.len() {
+        return Err(sqlx::Error::RowNotFound);
+    }
+    let lasts: HashMap<StreamKey, i64> = lasts
+        .into_iter()
+        .map(|LastSequence(stream, last)| (stream, last))
+        .collect();
+    let behind: Vec<&StreamRow<'_>> = rows
+        .iter()
+        .filter(|row| {
+            lasts
+                .get(&row.key())
+                .is_some_and(|&last| row.sequence_number > last)
+        })
+        .collect();
+    if !behind.is_empty() && execute::<DB>(tx, set, consumer, &behind).await? != behind.len() as u64
+    {
+        return Err(sqlx::Error::RowNotFound);
+    }
+    Ok(behind.into_iter().map(StreamRow::key).collect())
 }
 
 /// The last applied sequence of each of `consumer`'s `streams` (handler, aggregate) that has a
