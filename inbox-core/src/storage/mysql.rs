@@ -68,10 +68,16 @@ macro_rules! text_column {
 }
 
 /// The rows of a batch's JSON document (the statement's second parameter) as table `r`, with
-/// the columns given.
+/// the columns given. The document goes through `JSON_EXTRACT`: MySQL takes a constant, a
+/// column or a function call as `JSON_TABLE`'s source.
 macro_rules! batch_rows {
     ($first:expr $(, $column:expr)*) => {
-        concat!("JSON_TABLE(?, '$[*]' COLUMNS (", $first, $(", ", $column,)* ")) AS r")
+        concat!(
+            "JSON_TABLE(JSON_EXTRACT(?, '$'), '$[*]' COLUMNS (",
+            $first,
+            $(", ", $column,)*
+            ")) AS r"
+        )
     };
 }
 
