@@ -10,8 +10,8 @@
 //! runtime / `process()`.
 //!
 //! `cargo bench --bench throughput` runs on a SQLite file; `DATABASE_URL=postgres://...` adds
-//! PostgreSQL, and `MYSQL_URL=mysql://...` with `--features mysql` adds MySQL. `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or
-//! widen the runs.
+//! PostgreSQL, and `MYSQL_URL=mysql://...` with `--features mysql` adds MySQL.
+//! `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or widen the runs.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -102,8 +102,9 @@ fn deliveries(aggregates: usize) -> Vec<Envelope> {
 
 /// `ledger::CREDIT` in MySQL's placeholders.
 #[cfg(feature = "mysql")]
-pub const CREDIT_MYSQL: &str = "UPDATE accounts SET balance = balance + ? WHERE id = ?";
+const CREDIT_MYSQL: &str = "UPDATE accounts SET balance = balance + ? WHERE id = ?";
 
+/// The ledger's handler on MySQL.
 #[cfg(feature = "mysql")]
 #[inbox_handler(
     key = "event_id",
@@ -111,10 +112,7 @@ pub const CREDIT_MYSQL: &str = "UPDATE accounts SET balance = balance + ? WHERE 
     aggregate = "account",
     name = "credit"
 )]
-pub async fn credit_mysql(
-    tx: &mut sqlx::MySqlConnection,
-    msg: Credited,
-) -> Result<(), HandlerError> {
+async fn credit_mysql(tx: &mut sqlx::MySqlConnection, msg: Credited) -> Result<(), HandlerError> {
     let credit = sqlx::query(CREDIT_MYSQL).bind(msg.amount).bind(msg.account);
     credit.execute(&mut *tx).await?;
     Ok(())
@@ -368,7 +366,7 @@ where
 }
 
 /// The MySQL database `MYSQL_URL` names, on a pool of up to `connections`, or `None` (printed
-/// as skipped) when it is not set or the `mysql` feature is off.
+/// as skipped) when it is not set.
 #[cfg(feature = "mysql")]
 async fn mysql_from_env(connections: u32) -> Result<Option<Pool<sqlx::MySql>>, Failure> {
     match std::env::var("MYSQL_URL") {

@@ -4,15 +4,15 @@
 //! The statements that do not need the handler run once for the whole batch ([`Batch::claim`]):
 //! one claims every message's dedup row, one reads the rows that were there already (the
 //! duplicates cost nothing more), and one advances every stream under monotonic ordering (the
-//! stale cost one write to be marked so); on MySQL, which cannot say which rows a statement wrote,
-//! the reads come before the writes, and the advance is three statements (see
+//! stale cost one write to be marked so); on MySQL, which cannot say which rows a statement
+//! wrote, the reads come before the writes, and the advance is three statements (see
 //! [`BulkClaim`](crate::storage::BulkClaim) and [`BulkAdvance`](crate::storage::BulkAdvance)).
-//! What is left per message is its handler: the check
-//! that no handler left the transaction aborted (PostgreSQL) runs once, before the commit. For a
-//! message the bulk claim could not decide (a retry that is due, strict ordering), the message is
-//! claimed and placed on its own, inside the same transaction. A batch may hold several messages of one stream, one after the other: they
-//! are placed in bulk too, as each would have been after the one before it; and a copy of an
-//! earlier message of the batch is taken as seen from that one.
+//! What is left per message is its handler: the check that no handler left the transaction
+//! aborted (PostgreSQL) runs once, before the commit. For a message the bulk claim could not
+//! decide (a retry that is due, strict ordering), the message is claimed and placed on its own,
+//! inside the same transaction. A batch may hold several messages of one stream, one after the
+//! other: they are placed in bulk too, as each would have been after the one before it; and a
+//! copy of an earlier message of the batch is taken as seen from that one.
 //!
 //! The batch is optimistic: as long as every message is kept or found seen before, nothing needs
 //! undoing. When a handler fails, the whole transaction is rolled back and the batch is
@@ -312,8 +312,7 @@ type Copied = (usize, usize);
 
 /// The claims of a batch's entries that the bulk claim takes (each with its place in the
 /// batch), and the copies of an earlier message of the batch, which are claimed after it, from
-/// it. Entries whose sequence strict ordering refuses are in
-/// neither.
+/// it. Entries whose sequence strict ordering refuses are in neither.
 fn distinct_claims<'a>(
     consumer: &'a str,
     entries: &[Entry<'a>],

@@ -35,7 +35,12 @@ struct ClaimRow<'a> {
     payload_hash: String,
 }
 
-impl ClaimRow<'_> {
+impl<'a> ClaimRow<'a> {
+    /// The row's key, borrowed: (handler, message id).
+    fn id(&self) -> (&'a str, &'a str) {
+        (self.handler, self.message_id)
+    }
+
     fn key(&self) -> RowKey {
         (self.handler.to_owned(), self.message_id.to_owned())
     }
@@ -144,7 +149,7 @@ async fn insert_returning<DB: Backend>(
     let there: Vec<(&str, &str)> = rows
         .iter()
         .filter(|row| !inserted.contains(&row.key()))
-        .map(|row| (row.handler, row.message_id))
+        .map(ClaimRow::id)
         .collect();
     let seen = seen(tx, consumer, &there).await?;
     Ok(Claims { inserted, seen })
@@ -158,10 +163,7 @@ async fn read_then_insert<DB: Backend>(
     consumer: &str,
     rows: &[ClaimRow<'_>],
 ) -> Result<Claims, sqlx::Error> {
-    let all: Vec<(&str, &str)> = rows
-        .iter()
-        .map(|row| (row.handler, row.message_id))
-        .collect();
+    let all: Vec<(&str, &str)> = rows.iter().map(ClaimRow::id).collect();
     let seen = seen(tx, consumer, &all).await?;
     let new: Vec<&ClaimRow<'_>> = rows
         .iter()
