@@ -1,7 +1,7 @@
 //! Many dedup rows and streams in one statement each, for a batch: the claims of all its
 //! messages, the rows some of them found there already, and the advance of their streams. The
 //! rows go to the database as one JSON document (`jsonb_to_recordset` on PostgreSQL,
-//! `json_each` on SQLite, `JSON_TABLE` on MySQL), so each statement is one fixed text, prepared
+//! `jsonb_each` on SQLite, `JSON_TABLE` on MySQL), so each statement is one fixed text, prepared
 //! once, whatever the batch's size.
 
 use std::collections::{HashMap, HashSet};
