@@ -1,6 +1,7 @@
 //! Retention on real databases: a purge deletes the dedup rows older than its window in batches
-//! while live traffic goes on, keeps everything inside the window and every parked or dead
-//! message, and runs on one instance at a time.
+//! while live traffic goes on, and what operators resolved before it with the history of what is
+//! gone; it keeps everything inside the window and every parked, dead or rejected message that
+//! waits for an operator, and runs on one instance at a time.
 
 mod common;
 
@@ -139,6 +140,68 @@ macro_rules! retention_suite {
             assert_eq!(report.purged, 1);
             assert_eq!(credit.process(&pool, event).await.unwrap(), Outcome::Stale, "the stream row outlives the purge");
             assert_eq!(balance(&pool, "acct").await, 5);
+        }
+
+        /// Runs each statement (no parameters), for backdating.
+        async fn run_all(pool: &Pool, statements: &[String]) {
+            for statement in statements {
+                sqlx::query(sqlx::AssertSqlSafe(statement.clone())).execute(pool).await.expect(statement);
+            }
+        }
+
+        async fn rows_of(pool: &Pool, query: &'static str) -> i64 {
+            sqlx::query_scalar(query).fetch_one(pool).await.expect(query)
+        }
+
+        #[tokio::test]
+        async fn a_purge_deletes_what_operators_resolved_before_the_window_and_keeps_what_waits() {
+            let Some(pool) = ledger("purge_resolved").await else { return };
+            seed(&pool, "dead", 3, "dead", ANCIENT).await;
+            let inbox = builder(&pool).handler(credit).build().await.unwrap();
+            for dead in ["dead-1", "dead-2"] {
+                inbox.discard("credit", dead, "ops", "refunded by hand").await.unwrap();
+            }
+            let broker = inbox::MemoryBroker::new();
+            for n in 1..=2 {
+                broker.publish(Envelope::new("test.unknown", format!("u-{n}"), b"{}".to_vec()));
+            }
+            broker.close();
+            inbox.run(broker.source()).await.unwrap();
+            let rejected = inbox.rejected().await.unwrap();
+            inbox.discard_rejected(rejected[0].id, "ops", "not ours").await.unwrap();
+            for (id, sequence, amount) in [("e-1", 1, 5), ("e-1", 1, 6), ("e-2", 2, 5), ("e-2", 2, 6)] {
+                credit.process(&pool, Credited::new(id, "acct", sequence, amount)).await.unwrap();
+            }
+            let conflict = inbox::storage::operators::conflicts(&pool, None).await.unwrap()[0].id;
+            let operator = inbox::storage::operators::Operator { by: "ops", reason: "a bad producer" };
+            assert!(inbox::storage::operators::discard_conflict(&pool, conflict, operator).await.unwrap());
+            // Everything long ago, except dead-2's discard (its action too is long ago).
+            let at = format!("'{ANCIENT}'");
+            run_all(&pool, &[
+                format!("UPDATE inbox_messages SET resolved_at = {at} WHERE message_id = 'dead-1'"),
+                format!("UPDATE inbox_rejected SET received_at = {at}"),
+                format!("UPDATE inbox_rejected SET resolved_at = {at} WHERE resolution IS NOT NULL"),
+                format!("UPDATE inbox_conflicts SET resolved_at = {at} WHERE resolution IS NOT NULL"),
+                format!("UPDATE inbox_actions SET performed_at = {at}"),
+            ]).await;
+            let retention = Retention::new(window_to_2010());
+
+            let preview = inbox::purge_preview(&pool, &retention).await.unwrap();
+            let report = inbox::purge(&pool, &retention).await.unwrap();
+
+            assert_eq!((preview.resolved, preview.rejected, preview.dead), (3, 1, 1), "{preview:?}");
+            assert_eq!((report.resolved, report.actions), (3, 2), "dead-1, u-1 and a conflict, with their actions: {report:?}");
+            assert_eq!((report.kept_dead, report.kept_rejected), (1, 1), "{report:?}");
+            let left = [
+                rows(&pool, "dead").await,
+                rows_of(&pool, "SELECT COUNT(*) FROM inbox_rejected").await,
+                rows_of(&pool, "SELECT COUNT(*) FROM inbox_conflicts").await,
+                rows_of(&pool, "SELECT COUNT(*) FROM inbox_actions").await,
+            ];
+            assert_eq!(left, [2, 1, 1, 1], "dead-2 (discarded inside the window) and its action, dead-3, u-2, e-2's conflict");
+            assert_eq!(status(&pool, "credit", "dead-2").await.as_deref(), Some("discarded"));
+            assert_eq!(inbox.rejected().await.unwrap()[0].delivery_id, "u-2");
+            assert_eq!(inbox::storage::operators::conflicts(&pool, None).await.unwrap()[0].message_id, "e-2");
         }
 
         #[tokio::test]

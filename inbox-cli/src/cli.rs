@@ -368,9 +368,10 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 /// `inbox purge ...`
 #[derive(Debug, Args)]
 pub struct PurgeArgs {
-    /// Delete rows handled longer ago than this (e.g. 7d, 24h, 30m). Keep it longer than the
-    /// broker's redelivery horizon, or a late redelivery would be handled twice. A purge needs
-    /// it; a dry run without it previews the default window (7 days).
+    /// Delete rows handled (or resolved by an operator: discarded dead letters, rejected
+    /// deliveries and conflicts) longer ago than this (e.g. 7d, 24h, 30m). Keep it longer than
+    /// the broker's redelivery horizon, or a late redelivery would be handled twice. A purge
+    /// needs it; a dry run without it previews the default window (7 days).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub older_than: Option<Duration>,
     /// Only report what would be deleted and kept.

@@ -3,15 +3,18 @@
 //! A processed (or stale) row only matters while its message can still be redelivered: past the
 //! broker's redelivery horizon nothing will ever arrive to collide with it. Purging deletes those
 //! rows in small batches, each its own short transaction, through the partial index on
-//! `processed_at`, by one instance at a time. Parked and dead messages are never purged by age:
-//! they wait for an operator, and a purge reports how many of them are older than its window.
+//! `processed_at`, by one instance at a time. Parked and dead messages, and rejected deliveries,
+//! are never purged by age: they wait for an operator, and a purge reports how many of them are
+//! older than its window. What an operator resolved (a dead letter discarded, a rejected delivery
+//! replayed or discarded, a conflict resolved) goes once it was resolved longer ago than the
+//! window, and with it the history of operators' actions on rows that are gone.
 
 use std::time::Duration;
 
 use sqlx::Pool;
 
 use crate::error::Error;
-use crate::storage::purge::PurgePreview;
+use crate::storage::purge::{PurgePreview, Resolved};
 use crate::storage::{Backend, purge as statements};
 
 /// How long dedup rows are kept, and how a purge deletes them.
@@ -116,14 +119,22 @@ impl Retention {
 pub struct PurgeReport {
     /// Whether this instance purged; `false` when another one held the right to purge.
     pub led: bool,
-    /// Rows deleted.
+    /// Processed and stale rows deleted.
     pub purged: u64,
-    /// Batches run, each its own transaction.
+    /// Batches of processed and stale rows run, each its own transaction.
     pub batches: u64,
+    /// Rows of what operators resolved before the window, deleted: discarded dead letters,
+    /// rejected deliveries replayed or discarded, and conflicts resolved.
+    pub resolved: u64,
+    /// Operators' actions deleted: those performed before the window whose message or rejected
+    /// delivery is gone, and those on gaps.
+    pub actions: u64,
     /// Parked messages older than the window, kept for an operator.
     pub kept_parked: i64,
     /// Dead letters older than the window, kept for an operator.
     pub kept_dead: i64,
+    /// Rejected deliveries older than the window and not resolved, kept for an operator.
+    pub kept_rejected: i64,
 }
 
 /// What [`purge`] would delete with `retention`'s window, and what it would keep.
@@ -134,8 +145,11 @@ pub async fn purge_preview<DB: Backend>(
     Ok(statements::preview(pool, retention.window.as_secs_f64()).await?)
 }
 
-/// Deletes the processed and stale rows older than `retention`'s window, in batches, if no other
-/// instance is purging. Counted in `inbox_purged_total` and `inbox_purge_batches_total`.
+/// Deletes the processed and stale rows older than `retention`'s window, then what operators
+/// resolved before it and the history of what is gone, in batches, if no other instance is
+/// purging. Counted in `inbox_purged_total` and `inbox_purge_batches_total` (processed and stale
+/// rows), and `inbox_purged_resolved_total` (by `kind`: `discarded`, `rejected`, `conflicts`,
+/// `actions`).
 pub async fn purge<DB: Backend>(
     pool: &Pool<DB>,
     retention: &Retention,
@@ -151,17 +165,21 @@ pub async fn purge<DB: Backend>(
     let mut report = purged?;
     let kept = purge_preview(pool, retention).await?;
     (report.kept_parked, report.kept_dead) = (kept.parked, kept.dead);
-    if kept.parked + kept.dead > 0 {
+    report.kept_rejected = kept.rejected;
+    if kept.parked + kept.dead + kept.rejected > 0 {
         tracing::warn!(
             parked = kept.parked,
             dead = kept.dead,
-            "parked and dead messages older than the retention window are kept until an operator \
-             resolves them"
+            rejected = kept.rejected,
+            "parked, dead and rejected messages older than the retention window are kept until \
+             an operator resolves them"
         );
     }
     tracing::info!(
         purged = report.purged,
         batches = report.batches,
+        resolved = report.resolved,
+        actions = report.actions,
         "inbox purged"
     );
     Ok(report)
@@ -172,19 +190,44 @@ async fn purge_batches<DB: Backend>(
     retention: &Retention,
 ) -> Result<PurgeReport, Error> {
     let older_than = retention.window.as_secs_f64();
-    let limit = i64::from(retention.batch_size);
     let mut report = PurgeReport {
         led: true,
         ..PurgeReport::default()
     };
+    (report.purged, report.batches) = drain(retention, |limit| {
+        statements::batch(pool, older_than, limit)
+    })
+    .await?;
+    metrics::counter!("inbox_purged_total").increment(report.purged);
+    metrics::counter!("inbox_purge_batches_total").increment(report.batches);
+    for kind in Resolved::ALL {
+        let (deleted, _) = drain(retention, |limit| {
+            statements::resolved_batch(pool, kind, older_than, limit)
+        })
+        .await?;
+        match kind {
+            Resolved::Actions => report.actions += deleted,
+            _ => report.resolved += deleted,
+        }
+        metrics::counter!("inbox_purged_resolved_total", "kind" => kind.as_str())
+            .increment(deleted);
+    }
+    Ok(report)
+}
+
+/// Runs `batch` (which deletes at most as many rows as it is given) until one deletes fewer,
+/// pausing between two; returns the rows deleted and the batches run.
+async fn drain<F, Fut>(retention: &Retention, batch: F) -> Result<(u64, u64), Error>
+where
+    F: Fn(i64) -> Fut,
+    Fut: Future<Output = Result<u64, sqlx::Error>>,
+{
+    let (mut deleted, mut batches) = (0, 0);
     loop {
-        let purged = statements::batch(pool, older_than, limit).await?;
-        report.purged += purged;
-        report.batches += 1;
-        metrics::counter!("inbox_purged_total").increment(purged);
-        metrics::counter!("inbox_purge_batches_total").increment(1);
-        if purged < u64::from(retention.batch_size) {
-            return Ok(report);
+        let rows = batch(i64::from(retention.batch_size)).await?;
+        (deleted, batches) = (deleted + rows, batches + 1);
+        if rows < u64::from(retention.batch_size) {
+            return Ok((deleted, batches));
         }
         tokio::time::sleep(retention.pause).await;
     }

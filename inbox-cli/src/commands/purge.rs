@@ -1,4 +1,5 @@
-//! `inbox purge`: delete the processed and stale rows older than a window, in batches.
+//! `inbox purge`: delete the processed and stale rows older than a window, and what operators
+//! resolved before it, in batches.
 
 use inbox_core::{Backend, Retention};
 use sqlx::Pool;

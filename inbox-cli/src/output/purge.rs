@@ -67,10 +67,21 @@ pub struct PurgePlan {
     window: WindowView,
     /// Processed and stale rows older than the window.
     purgeable: i64,
-    /// Parked messages older than the window, kept.
+    /// Discarded dead letters, and rejected deliveries and conflicts resolved, before the window.
+    resolved: i64,
+    #[serde(flatten)]
+    kept: Kept,
+}
+
+/// The rows older than the window that a purge keeps for an operator.
+#[derive(Debug, Serialize)]
+struct Kept {
+    /// Parked messages.
     kept_parked: i64,
-    /// Dead letters older than the window, kept.
+    /// Dead letters.
     kept_dead: i64,
+    /// Rejected deliveries not resolved.
+    kept_rejected: i64,
 }
 
 impl PurgePlan {
@@ -80,8 +91,12 @@ impl PurgePlan {
             dry_run: true,
             window: WindowView::new(window),
             purgeable: preview.purgeable,
-            kept_parked: preview.parked,
-            kept_dead: preview.dead,
+            resolved: preview.resolved,
+            kept: Kept {
+                kept_parked: preview.parked,
+                kept_dead: preview.dead,
+                kept_rejected: preview.rejected,
+            },
         }
     }
 }
@@ -90,10 +105,12 @@ impl Render for PurgePlan {
     fn human(&self) -> String {
         format!(
             "Dry run, nothing deleted: a purge would delete {} processed or stale rows handled \
-             {}.{}",
+             {}, and {} resolved by an operator before then (discarded dead letters, rejected \
+             deliveries and conflicts), with the history of what it deletes.{}",
             self.purgeable,
             self.window.human(),
-            kept("It would keep", self.kept_parked, self.kept_dead)
+            self.resolved,
+            self.kept.sentence("It would keep")
         )
     }
 }
@@ -108,12 +125,14 @@ pub struct PurgeDone {
     led: bool,
     /// Rows deleted.
     purged: u64,
-    /// Batches run, each its own transaction.
+    /// Batches of processed and stale rows run, each its own transaction.
     batches: u64,
-    /// Parked messages older than the window, kept.
-    kept_parked: i64,
-    /// Dead letters older than the window, kept.
-    kept_dead: i64,
+    /// Discarded dead letters, and rejected deliveries and conflicts resolved, deleted.
+    resolved: u64,
+    /// Operators' actions deleted, on rows that are gone or on gaps.
+    actions: u64,
+    #[serde(flatten)]
+    kept: Kept,
 }
 
 impl PurgeDone {
@@ -125,8 +144,13 @@ impl PurgeDone {
             led: report.led,
             purged: report.purged,
             batches: report.batches,
-            kept_parked: report.kept_parked,
-            kept_dead: report.kept_dead,
+            resolved: report.resolved,
+            actions: report.actions,
+            kept: Kept {
+                kept_parked: report.kept_parked,
+                kept_dead: report.kept_dead,
+                kept_rejected: report.kept_rejected,
+            },
         }
     }
 }
@@ -139,24 +163,35 @@ impl Render for PurgeDone {
                 .to_owned();
         }
         format!(
-            "Purged {} processed or stale rows handled {}, in {} batches.{}",
+            "Purged {} processed or stale rows handled {}, in {} batches; {} rows resolved by an \
+             operator before then (discarded dead letters, rejected deliveries and conflicts) and \
+             {} recorded actions.{}",
             self.purged,
             self.window.human(),
             self.batches,
-            kept("Kept", self.kept_parked, self.kept_dead)
+            self.resolved,
+            self.actions,
+            self.kept.sentence("Kept")
         )
     }
 }
 
-/// The sentence about the parked and dead messages older than the window, if there are any,
-/// starting with `kept` ("Kept", "It would keep").
-fn kept(kept: &str, parked: i64, dead: i64) -> String {
-    if parked + dead == 0 {
-        return String::new();
+impl Kept {
+    /// The sentence about the rows kept, if there are any, starting with `kept` ("Kept", "It
+    /// would keep").
+    fn sentence(&self, kept: &str) -> String {
+        let Self {
+            kept_parked: parked,
+            kept_dead: dead,
+            kept_rejected: rejected,
+        } = self;
+        if parked + dead + rejected == 0 {
+            return String::new();
+        }
+        format!(
+            "\n{kept} {parked} parked and {dead} dead messages and {rejected} rejected deliveries \
+             older than the window: they are never purged by age, and wait for an operator (see \
+             `inbox parked list`, `inbox dead list` and `inbox rejected list`)."
+        )
     }
-    format!(
-        "\n{kept} {parked} parked and {dead} dead messages older than the window: they are \
-         never purged by age, and wait for an operator (see `inbox parked list` and \
-         `inbox dead list`)."
-    )
 }

@@ -345,8 +345,13 @@ pub struct OutboxSql {
 pub struct PurgeSql {
     /// What a window would delete and keep ([`purge::preview`]).
     pub preview: &'static str,
-    /// Deletes one batch of purgeable rows, oldest first ([`purge::batch`]).
+    /// Deletes one batch of processed and stale rows, oldest first ([`purge::batch`]).
     pub batch: &'static str,
+    /// Deletes one batch of what operators resolved before a time, oldest first: the discarded
+    /// dead letters, the rejected deliveries replayed or discarded, the conflicts resolved, and
+    /// the actions of operators whose row is gone (or, for a gap, older than the window), in the
+    /// order of [`purge::Resolved::ALL`].
+    pub resolved: [&'static str; 4],
     /// Takes the purge lock on a connection of its own, answering 1 if taken; `None` where
     /// writers take turns anyway (SQLite).
     pub lock: Option<&'static str>,

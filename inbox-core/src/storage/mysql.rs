@@ -259,10 +259,37 @@ const SQL: Statements = Statements {
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' \
              AND received_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
-             AND COALESCE(failed_at, received_at) < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND)",
+             AND COALESCE(failed_at, received_at) < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'discarded' \
+             AND resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND) \
+            + (SELECT COUNT(*) FROM inbox_rejected \
+             WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND) \
+            + (SELECT COUNT(*) FROM inbox_conflicts \
+             WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
+            (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NULL \
+             AND received_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND)",
         batch: "DELETE FROM inbox_messages \
             WHERE purge_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
             ORDER BY purge_at LIMIT ?",
+        // A row not resolved has no `resolved_at`.
+        resolved: [
+            "DELETE FROM inbox_messages WHERE status = 'discarded' \
+            AND resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            ORDER BY resolved_at LIMIT ?",
+            "DELETE FROM inbox_rejected \
+            WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            ORDER BY resolved_at LIMIT ?",
+            "DELETE FROM inbox_conflicts \
+            WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            ORDER BY resolved_at LIMIT ?",
+            // An action whose message or rejected delivery is gone (a gap's has neither).
+            "DELETE FROM inbox_actions \
+            WHERE performed_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = inbox_actions.consumer \
+            AND m.handler = inbox_actions.handler AND m.message_id = inbox_actions.message_id) \
+            AND NOT EXISTS (SELECT 1 FROM inbox_rejected r WHERE r.id = inbox_actions.rejected_id) \
+            ORDER BY performed_at LIMIT ?",
+        ],
         // Named after the database, so that inboxes in other databases of a server do not contend.
         lock: Some(
             "SELECT CAST(COALESCE(GET_LOCK(CONCAT('inbox_purge.', DATABASE()), 0), 0) AS SIGNED)",

@@ -418,11 +418,38 @@ pub(super) const SQL: Statements = Statements {
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' \
              AND received_at < now() - make_interval(secs => $2)), \
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
-             AND COALESCE(failed_at, received_at) < now() - make_interval(secs => $3))",
-        // By physical row id: a join on the key would scan the table once per batch.
+             AND COALESCE(failed_at, received_at) < now() - make_interval(secs => $3)), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'discarded' \
+             AND resolved_at < now() - make_interval(secs => $4)) \
+            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NOT NULL \
+             AND resolved_at < now() - make_interval(secs => $5)) \
+            + (SELECT COUNT(*) FROM inbox_conflicts WHERE resolution IS NOT NULL \
+             AND resolved_at < now() - make_interval(secs => $6)), \
+            (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NULL \
+             AND received_at < now() - make_interval(secs => $7))",
+        // By physical row id (here and in `resolved`): a join on the key would scan the table
+        // once per batch.
         batch: "DELETE FROM inbox_messages WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_messages \
             WHERE status IN ('processed', 'stale') AND processed_at < now() - make_interval(secs => $1) \
             ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+        resolved: [
+            "DELETE FROM inbox_messages WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_messages \
+            WHERE status = 'discarded' AND resolved_at < now() - make_interval(secs => $1) \
+            ORDER BY resolved_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+            "DELETE FROM inbox_rejected WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_rejected \
+            WHERE resolution IS NOT NULL AND resolved_at < now() - make_interval(secs => $1) \
+            ORDER BY resolved_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+            "DELETE FROM inbox_conflicts WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_conflicts \
+            WHERE resolution IS NOT NULL AND resolved_at < now() - make_interval(secs => $1) \
+            ORDER BY resolved_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+            // An action whose message or rejected delivery is gone (a gap's has neither).
+            "DELETE FROM inbox_actions WHERE ctid = ANY(ARRAY(SELECT a.ctid FROM inbox_actions a \
+            WHERE a.performed_at < now() - make_interval(secs => $1) \
+            AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = a.consumer \
+            AND m.handler = a.handler AND m.message_id = a.message_id) \
+            AND NOT EXISTS (SELECT 1 FROM inbox_rejected r WHERE r.id = a.rejected_id) \
+            ORDER BY a.performed_at LIMIT $2 FOR UPDATE OF a SKIP LOCKED))",
+        ],
         // The lock's first key is "inbx"; the second, the inbox table's oid, so that schemas
         // sharing a database do not contend.
         lock: Some(

@@ -1,5 +1,5 @@
-//! The purge's statements: what a window would delete, one batch of deletes, and the lock that
-//! lets one instance purge at a time.
+//! The purge's statements: what a window would delete, one batch of deletes (of dedup rows, or of
+//! what operators resolved), and the lock that lets one instance purge at a time.
 
 use sqlx::{Connection, Pool};
 
@@ -15,6 +15,50 @@ pub struct PurgePreview {
     pub parked: i64,
     /// Dead letters older than the window, which a purge keeps.
     pub dead: i64,
+    /// What operators resolved before the window, which a purge deletes: discarded dead letters,
+    /// rejected deliveries replayed or discarded, and conflicts resolved.
+    pub resolved: i64,
+    /// Rejected deliveries received before the window and not resolved, which a purge keeps.
+    pub rejected: i64,
+}
+
+/// What operators resolved, which a purge deletes once it is older than the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// Dead letters an operator discarded, by when.
+    Discarded,
+    /// Rejected deliveries an operator replayed or discarded, by when.
+    Rejected,
+    /// Conflicts an operator resolved, by when.
+    Conflicts,
+    /// Operators' actions performed before the window on a message or a rejected delivery that
+    /// is gone, or on a gap.
+    Actions,
+}
+
+impl Resolved {
+    /// Every kind, in the order a purge deletes them: the actions last, once the rows they were
+    /// about are gone.
+    pub const ALL: [Resolved; 4] = [
+        Resolved::Discarded,
+        Resolved::Rejected,
+        Resolved::Conflicts,
+        Resolved::Actions,
+    ];
+
+    /// The kind's name, as the `kind` label of `inbox_purged_resolved_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolved::Discarded => "discarded",
+            Resolved::Rejected => "rejected",
+            Resolved::Conflicts => "conflicts",
+            Resolved::Actions => "actions",
+        }
+    }
+
+    fn statement<DB: Backend>(self) -> &'static str {
+        DB::SQL.purge.resolved[self as usize]
+    }
 }
 
 /// The right to purge, held by one instance at a time (see [`lead_purge`]).
@@ -52,6 +96,8 @@ impl FromColumns for PurgePreview {
             purgeable: row.int(0)?,
             parked: row.int(1)?,
             dead: row.int(2)?,
+            resolved: row.int(3)?,
+            rejected: row.int(4)?,
         })
     }
 }
@@ -61,10 +107,9 @@ pub async fn preview<DB: Backend>(
     pool: &Pool<DB>,
     older_than_secs: f64,
 ) -> Result<PurgePreview, sqlx::Error> {
-    let older = Param::Real(older_than_secs);
+    let older = [Param::Real(older_than_secs); 7];
     let mut conn = pool.acquire().await?;
-    sql::fetch_one::<DB, PurgePreview>(&mut conn, DB::SQL.purge.preview, &[older, older, older])
-        .await
+    sql::fetch_one::<DB, PurgePreview>(&mut conn, DB::SQL.purge.preview, &older).await
 }
 
 /// Deletes at most `limit` processed or stale rows older than `older_than_secs`, oldest first,
@@ -74,9 +119,30 @@ pub async fn batch<DB: Backend>(
     older_than_secs: f64,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
+    delete_batch(pool, DB::SQL.purge.batch, older_than_secs, limit).await
+}
+
+/// Deletes at most `limit` rows of what operators resolved (of one kind) before
+/// `older_than_secs`, oldest first, through the index on when it was resolved, in one short
+/// transaction. Returns how many.
+pub async fn resolved_batch<DB: Backend>(
+    pool: &Pool<DB>,
+    kind: Resolved,
+    older_than_secs: f64,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    delete_batch(pool, kind.statement::<DB>(), older_than_secs, limit).await
+}
+
+async fn delete_batch<DB: Backend>(
+    pool: &Pool<DB>,
+    statement: &'static str,
+    older_than_secs: f64,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
     let params = [Param::Real(older_than_secs), Param::Int(limit)];
     let mut conn = pool.acquire().await?;
-    sql::execute::<DB>(&mut conn, DB::SQL.purge.batch, &params).await
+    sql::execute::<DB>(&mut conn, statement, &params).await
 }
 
 /// Takes the right to purge if no other instance holds it: a lock named after the inbox's table

@@ -1,6 +1,6 @@
 //! SQLite: PostgreSQL's statements (it has `ON CONFLICT`, `RETURNING` and partial indexes too),
 //! except for time arithmetic, the indexes it must be told to use (without statistics it would
-//! rather walk the primary key of the consumer), the purge's row ids, bulk rows read with
+//! rather walk the primary key of the consumer), bulk rows read with
 //! `jsonb_each` (each row comes as binary JSON, so reading its fields does not parse its text
 //! again for each one, as `json_each`'s text rows would: a third less time for a batch's claim),
 //! no check that a transaction is still open (a failed statement aborts only itself), and the
@@ -94,11 +94,37 @@ const SQL: Statements = Statements {
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'parked' \
              AND received_at < datetime('now', '-' || $2 || ' seconds')), \
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'dead' \
-             AND COALESCE(failed_at, received_at) < datetime('now', '-' || $3 || ' seconds'))",
+             AND COALESCE(failed_at, received_at) < datetime('now', '-' || $3 || ' seconds')), \
+            (SELECT COUNT(*) FROM inbox_messages WHERE status = 'discarded' \
+             AND resolved_at < datetime('now', '-' || $4 || ' seconds')) \
+            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NOT NULL \
+             AND resolved_at < datetime('now', '-' || $5 || ' seconds')) \
+            + (SELECT COUNT(*) FROM inbox_conflicts WHERE resolution IS NOT NULL \
+             AND resolved_at < datetime('now', '-' || $6 || ' seconds')), \
+            (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NULL \
+             AND received_at < datetime('now', '-' || $7 || ' seconds'))",
         batch: "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN \
             (SELECT consumer, handler, message_id FROM inbox_messages \
             WHERE status IN ('processed', 'stale') AND processed_at < datetime('now', '-' || $1 || ' seconds') \
             ORDER BY processed_at LIMIT $2)",
+        resolved: [
+            "DELETE FROM inbox_messages WHERE rowid IN (SELECT rowid FROM inbox_messages \
+            WHERE status = 'discarded' AND resolved_at < datetime('now', '-' || $1 || ' seconds') \
+            ORDER BY resolved_at LIMIT $2)",
+            "DELETE FROM inbox_rejected WHERE id IN (SELECT id FROM inbox_rejected \
+            WHERE resolution IS NOT NULL AND resolved_at < datetime('now', '-' || $1 || ' seconds') \
+            ORDER BY resolved_at LIMIT $2)",
+            "DELETE FROM inbox_conflicts WHERE id IN (SELECT id FROM inbox_conflicts \
+            WHERE resolution IS NOT NULL AND resolved_at < datetime('now', '-' || $1 || ' seconds') \
+            ORDER BY resolved_at LIMIT $2)",
+            // An action whose message or rejected delivery is gone (a gap's has neither).
+            "DELETE FROM inbox_actions WHERE id IN (SELECT a.id FROM inbox_actions a \
+            WHERE a.performed_at < datetime('now', '-' || $1 || ' seconds') \
+            AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = a.consumer \
+            AND m.handler = a.handler AND m.message_id = a.message_id) \
+            AND NOT EXISTS (SELECT 1 FROM inbox_rejected r WHERE r.id = a.rejected_id) \
+            ORDER BY a.performed_at LIMIT $2)",
+        ],
         lock: None,
         unlock: None,
     },
