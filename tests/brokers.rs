@@ -428,6 +428,28 @@ mod rabbitmq_broker {
             sent.await.expect("publish").await.expect("publish confirm");
         }
     }
+
+    #[tokio::test]
+    async fn the_correlation_id_property_is_the_correlation_id() {
+        let Some(broker) = RabbitMq::new("amqp_correlation").await else {
+            return;
+        };
+        let properties = BasicProperties::default()
+            .with_type("test.credited".into())
+            .with_message_id("m-1".into())
+            .with_correlation_id("c-7".into());
+        let queue = broker.queue.as_str().into();
+        let options = BasicPublishOptions::default();
+        let sent = broker
+            .channel
+            .basic_publish("".into(), queue, options, b"{}", properties);
+        sent.await.expect("publish").await.expect("publish confirm");
+
+        let delivery = crate::first_delivery(&mut broker.source().await).await;
+
+        let envelope = delivery.envelope();
+        assert_eq!(envelope.correlation_id(), Some("c-7"), "{envelope:?}");
+    }
 }
 
 #[cfg(feature = "redis")]

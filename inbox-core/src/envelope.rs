@@ -129,6 +129,11 @@ impl Envelope {
         &self.headers
     }
 
+    /// The correlation id its headers carry, if any (see [`correlation_id`]).
+    pub fn correlation_id(&self) -> Option<&str> {
+        correlation_id(&self.headers)
+    }
+
     /// Decodes the payload as `M`, with an error that names the type and the position of the problem.
     pub fn decode<M: crate::Message>(&self) -> Result<M, crate::Error> {
         serde_json::from_slice(&self.payload).map_err(|e| crate::Error::Decode {
@@ -136,4 +141,30 @@ impl Envelope {
             reason: e.to_string(),
         })
     }
+}
+
+/// The correlation id in `headers`: the `correlation-id` header, or else one spelled another
+/// common way (`correlation_id`, `Correlation-Id`, `x-correlation-id`, ...: case and `_` or `-`
+/// aside, `correlation-id` or `x-correlation-id`).
+///
+/// ```
+/// # use inbox_core as inbox;
+/// use inbox::Envelope;
+///
+/// let sent = Envelope::new("order.paid", "e-1", b"{}".to_vec());
+/// assert_eq!(sent.clone().with_header("X-Correlation-ID", "c-7").correlation_id(), Some("c-7"));
+/// assert_eq!(sent.clone().with_header("correlation_id", "c-8").correlation_id(), Some("c-8"));
+/// assert_eq!(sent.with_header("causation-id", "c-9").correlation_id(), None);
+/// ```
+pub fn correlation_id(headers: &BTreeMap<String, String>) -> Option<&str> {
+    const NAME: &str = "correlation-id";
+    let spelled = |name: &str| {
+        let name = name.to_ascii_lowercase().replace('_', "-");
+        name == NAME || name.strip_prefix("x-") == Some(NAME)
+    };
+    let value = headers.get(NAME).or_else(|| {
+        let mut others = headers.iter().filter(|(name, _)| spelled(name));
+        others.next().map(|(_, value)| value)
+    });
+    value.map(String::as_str)
 }

@@ -393,7 +393,7 @@ fn canonical_json(document: serde_json::Value) -> Vec<u8> {
 
 /// The span of one handled message, named and attributed after the OpenTelemetry messaging
 /// conventions, plus the inbox's own `inbox.*` fields. `messaging.destination.name` and the
-/// conversation id come from the `destination` and `correlation-id` headers when present;
+/// conversation id come from the `destination` and correlation id headers when present;
 /// `inbox.attempt` and `inbox.outcome` are recorded as they become known.
 pub(crate) fn message_span(
     delivery: &Delivery<'_>,
@@ -415,7 +415,7 @@ pub(crate) fn message_span(
         messaging.message.id = identity.message_id(),
         messaging.consumer.group.name = delivery.consumer,
         messaging.destination.name = header("destination"),
-        messaging.message.conversation_id = header("correlation-id"),
+        messaging.message.conversation_id = delivery.headers.and_then(crate::envelope::correlation_id),
         inbox.handler = handler,
         inbox.message_type = message_type,
         inbox.aggregate = identity.aggregate(),

@@ -136,9 +136,7 @@ impl Outgoing {
     /// Sets the headers a handler's publication carries from the message it handles, where the
     /// writer did not set them.
     pub(crate) fn caused_by(mut self, message_id: &str, headers: &Headers) -> Self {
-        let correlation = headers
-            .get(CORRELATION_ID)
-            .map_or(message_id, String::as_str);
+        let correlation = crate::envelope::correlation_id(headers).unwrap_or(message_id);
         for (name, value) in [(CORRELATION_ID, correlation), (CAUSATION_ID, message_id)] {
             self.headers
                 .entry(name.to_owned())

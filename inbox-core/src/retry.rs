@@ -99,7 +99,8 @@ impl RetryPolicy {
     }
 
     /// How long to wait after the `failed_attempts`-th failure, whatever the attempt limit: for
-    /// what is tried again without end (a broker that cannot be reached).
+    /// what is tried again without end (a broker that cannot be reached). The jitter never takes
+    /// a delay past the maximum.
     ///
     /// ```
     /// use std::time::Duration;
@@ -116,6 +117,31 @@ impl RetryPolicy {
             .saturating_mul(1 << doublings)
             .min(self.max_delay);
         let spread = 1.0 + self.jitter * (2.0 * fastrand::f64() - 1.0);
-        delay.mul_f64(spread)
+        delay.mul_f64(spread).min(self.max_delay)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_spreads_delays_but_never_past_the_maximum() {
+        let (initial, max) = (Duration::from_secs(1), Duration::from_secs(5));
+        let policy = RetryPolicy::new(10).backoff(initial, max).jitter(0.5);
+
+        let capped: Vec<Duration> = (0..200).map(|_| policy.backoff_after(9)).collect();
+        let first: Vec<Duration> = (0..200).map(|_| policy.backoff_after(1)).collect();
+
+        assert!(capped.iter().all(|delay| *delay <= max), "{capped:?}");
+        assert!(
+            capped.iter().any(|delay| *delay < max),
+            "still spread below the cap"
+        );
+        assert!(
+            first.iter().any(|delay| *delay > initial),
+            "spread both ways below it"
+        );
+        assert!(first.iter().all(|delay| *delay >= initial / 2), "{first:?}");
     }
 }

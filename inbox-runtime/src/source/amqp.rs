@@ -21,7 +21,8 @@
 //!   connection comes back; errors meanwhile go to the run, which asks again after a growing delay.
 //!   What was unacknowledged when the connection dropped is requeued by the broker.
 //! - **Mapping**: type tag and id from the [`HeaderNames`] headers, else the `type` and
-//!   `message_id` properties; `produced_at` from the `timestamp` property; the routing key as the
+//!   `message_id` properties; `produced_at` from the `timestamp` property; the `correlation_id`
+//!   property as the `correlation-id` header (a header of that name wins); the routing key as the
 //!   `destination` header, the exchange as `exchange`, and the other headers as they are. A message
 //!   without a type tag is a delivery the run keeps as rejected, with its bytes.
 //!
@@ -206,6 +207,9 @@ fn from_amqp(delivery: lapin::message::Delivery, names: &HeaderNames) -> Deliver
     )
     .with_header("destination", delivery.routing_key.as_str())
     .with_header("exchange", delivery.exchange.as_str());
+    if let Some(correlation) = property(properties.correlation_id()) {
+        envelope = envelope.with_header("correlation-id", correlation);
+    }
     if let Some(seconds) = properties.timestamp() {
         envelope =
             envelope.with_produced_at(SystemTime::UNIX_EPOCH + Duration::from_secs(*seconds));
