@@ -149,6 +149,10 @@ pub enum DeadCommand {
         /// Only messages whose last failure is at most this old (e.g. 24h, 7d).
         #[arg(long, value_parser = humantime::parse_duration)]
         failed_within: Option<Duration>,
+        /// One page of the list: at most this many messages of each consumer listed, in a
+        /// stable order (handler, aggregate, sequence, id).
+        #[command(flatten)]
+        page: Page,
     },
     /// Show everything stored about one message, its payload included.
     Show(MessageArgs),
@@ -170,6 +174,17 @@ pub enum DeadCommand {
         #[command(flatten)]
         decision: DiscardDecision,
     },
+}
+
+/// One page of a long list.
+#[derive(Debug, Args)]
+pub struct Page {
+    /// At most this many rows.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Skip the first this many rows (the pages before this one).
+    #[arg(long, default_value_t = 0)]
+    pub offset: u32,
 }
 
 /// Who replays something, and why.

@@ -259,6 +259,8 @@ macro_rules! cli_suite {
             assert!(table.starts_with("CONSUMER") && table.contains("shop-1"), "{table}");
             let one = cli(&url, &["dead", "list", "--consumer", "shop", "--json"]).ok().json();
             assert_eq!(one.as_array().map(Vec::len), Some(2), "{one}");
+            let page = cli(&url, &["dead", "list", "--consumer", "shop", "--limit", "1", "--offset", "1", "--json"]).ok().json();
+            assert_eq!((page.as_array().map(Vec::len), &page[0]["message_id"]), (Some(1), &json!("shop-1")), "the second page of one: {page}");
             let none = cli(&url, &["dead", "list", "--consumer", "default"]).ok().stdout;
             assert!(none.contains("No dead messages for consumer `default` (the consumers in this database are `billing`, `shop`)"), "{none}");
             let shown = cli(&url, &["dead", "show", "record_order", "shop-1", "--json"]).ok().json();

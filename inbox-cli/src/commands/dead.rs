@@ -6,7 +6,7 @@ use inbox_core::storage::operators;
 use inbox_core::{Backend, DeadLetterFilter, MessageKey, StoredMessage};
 use sqlx::Pool;
 
-use crate::cli::{DeadArgs, DeadCommand, DiscardDecision, MessageArgs, Operator};
+use crate::cli::{DeadArgs, DeadCommand, DiscardDecision, MessageArgs, Operator, Page};
 use crate::consumer::{self, Holder, Searched};
 use crate::error::CliError;
 use crate::output::{Action, ListKind, MessageDetail, MessageList, Output, Resolved};
@@ -24,8 +24,9 @@ pub async fn run<DB: Backend>(
             handler,
             message_type,
             failed_within,
+            page,
         } => {
-            let filter = filter(handler, message_type, failed_within);
+            let filter = filter(handler, message_type, failed_within, page);
             let dead_letters =
                 async |consumer: &str| operators::dead_letters(pool, consumer, &filter).await;
             let (dead, searched) = consumer::gather(pool, named, dead_letters).await?;
@@ -90,8 +91,12 @@ fn filter(
     handler: Option<String>,
     message_type: Option<String>,
     failed_within: Option<Duration>,
+    page: Page,
 ) -> DeadLetterFilter {
-    let mut filter = DeadLetterFilter::default();
+    let mut filter = DeadLetterFilter::default().offset(page.offset);
+    if let Some(limit) = page.limit {
+        filter = filter.limit(limit);
+    }
     if let Some(handler) = handler {
         filter = filter.handler(handler);
     }
