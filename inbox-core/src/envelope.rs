@@ -129,7 +129,19 @@ impl Envelope {
         &self.headers
     }
 
-    /// The correlation id its headers carry, if any (see [`correlation_id`]).
+    /// The correlation id its headers carry, if any: the `correlation-id` header, or else one
+    /// spelled another common way (`correlation_id`, `Correlation-Id`, `x-correlation-id`, ...:
+    /// case and `_` or `-` aside, `correlation-id` or `x-correlation-id`).
+    ///
+    /// ```
+    /// # use inbox_core as inbox;
+    /// use inbox::Envelope;
+    ///
+    /// let sent = Envelope::new("order.paid", "e-1", b"{}".to_vec());
+    /// assert_eq!(sent.clone().with_header("X-Correlation-ID", "c-7").correlation_id(), Some("c-7"));
+    /// assert_eq!(sent.clone().with_header("correlation_id", "c-8").correlation_id(), Some("c-8"));
+    /// assert_eq!(sent.with_header("causation-id", "c-9").correlation_id(), None);
+    /// ```
     pub fn correlation_id(&self) -> Option<&str> {
         correlation_id(&self.headers)
     }
@@ -143,20 +155,8 @@ impl Envelope {
     }
 }
 
-/// The correlation id in `headers`: the `correlation-id` header, or else one spelled another
-/// common way (`correlation_id`, `Correlation-Id`, `x-correlation-id`, ...: case and `_` or `-`
-/// aside, `correlation-id` or `x-correlation-id`).
-///
-/// ```
-/// # use inbox_core as inbox;
-/// use inbox::Envelope;
-///
-/// let sent = Envelope::new("order.paid", "e-1", b"{}".to_vec());
-/// assert_eq!(sent.clone().with_header("X-Correlation-ID", "c-7").correlation_id(), Some("c-7"));
-/// assert_eq!(sent.clone().with_header("correlation_id", "c-8").correlation_id(), Some("c-8"));
-/// assert_eq!(sent.with_header("causation-id", "c-9").correlation_id(), None);
-/// ```
-pub fn correlation_id(headers: &BTreeMap<String, String>) -> Option<&str> {
+/// The correlation id in `headers` (see [`Envelope::correlation_id`]).
+pub(crate) fn correlation_id(headers: &BTreeMap<String, String>) -> Option<&str> {
     const NAME: &str = "correlation-id";
     let spelled = |name: &str| {
         let name = name.to_ascii_lowercase().replace('_', "-");
