@@ -95,20 +95,15 @@ struct Server {
 impl Server {
     /// Starts `program` with the arguments `args` makes of a free port and a fresh directory, or
     /// `None` (with a line saying so) when the program is not installed, unless under `CI=true`.
-    #[cfg(any(feature = "nats", feature = "redis"))]
+    #[cfg(any(feature = "nats", feature = "redis", feature = "amqp"))]
     async fn start(program: &str, args: impl Fn(u16, &str) -> Vec<String>) -> Option<Server> {
-        let port = free_port();
+        let port = free_port(20_000 + (std::process::id() % 10_000) as u16);
         let dir = std::env::temp_dir().join(format!("inbox_broker_{port}_{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a data directory");
         let mut command = vec![program.to_owned()];
         command.extend(args(port, &dir.display().to_string()));
         let Ok(child) = spawn(&command) else {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI must run the restart test, but `{program}` cannot start"
-            );
-            crate::common::skip::skip("restart", &format!("the restart test needs `{program}`"));
-            return None;
+            return not_installed(program);
         };
         let server = Server {
             command,
@@ -120,13 +115,13 @@ impl Server {
     }
 
     /// The server's URL in `scheme`.
-    #[cfg(any(feature = "nats", feature = "redis"))]
+    #[cfg(any(feature = "nats", feature = "redis", feature = "amqp"))]
     fn url(&self, scheme: &str) -> String {
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     async fn wait_until_up(&self) {
-        for _ in 0..200 {
+        for _ in 0..600 {
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
                 .is_ok()
@@ -158,24 +153,43 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// Kills the server's whole process group: a server started by a script (RabbitMQ's) runs
+    /// in a process of its own under it.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
         let _ = self.child.wait();
     }
 }
 
+/// `None`, with a line saying the restart test needs `program`; a failure under `CI=true`.
+#[cfg(any(feature = "nats", feature = "redis", feature = "amqp"))]
+fn not_installed<T>(program: &str) -> Option<T> {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI must run the restart test, but `{program}` cannot start"
+    );
+    crate::common::skip::skip("restart", &format!("the restart test needs `{program}`"));
+    None
+}
+
+/// Starts `command` in a process group of its own (see [`Server`]'s `drop`).
 fn spawn(command: &[String]) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
     std::process::Command::new(&command[0])
         .args(&command[1..])
+        .process_group(0)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
 }
 
-/// A port below 32768 (under the ephemeral range) that nothing listens on now.
-#[cfg(any(feature = "nats", feature = "redis"))]
-fn free_port() -> u16 {
-    let start = 20_000 + (std::process::id() % 10_000) as u16;
+/// A port from `start` up to 32000 (under the ephemeral range), or else from 20000, that nothing
+/// listens on now.
+#[cfg(any(feature = "nats", feature = "redis", feature = "amqp"))]
+fn free_port(start: u16) -> u16 {
     (start..32_000)
         .chain(20_000..start)
         .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
@@ -340,7 +354,7 @@ mod rabbitmq_broker {
     use inbox::amqp::{AmqpPublisher, AmqpSource};
     use inbox::{Envelope, Sink};
 
-    use super::{Features, TestBroker};
+    use super::{Features, Server, TestBroker};
 
     /// A quorum queue of the test's own (quorum queues count deliveries).
     pub struct RabbitMq {
@@ -362,35 +376,17 @@ mod rabbitmq_broker {
         const REDELIVERY: Duration = Duration::from_millis(300);
 
         async fn new(test: &str) -> Option<Self> {
-            let url = crate::common::amqp_url(test)?;
-            let connection = Connection::connect(&url, ConnectionProperties::default())
-                .await
-                .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url}: {e}"));
-            let channel = connection.create_channel().await.expect("open a channel");
-            let queue = crate::common::unique(test);
-            let mut arguments = FieldTable::default();
-            arguments.insert(
-                "x-queue-type".into(),
-                AMQPValue::LongString("quorum".into()),
-            );
-            arguments.insert("x-expires".into(), AMQPValue::LongInt(600_000));
-            let durable = QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            };
-            channel
-                .queue_declare(queue.as_str().into(), durable, arguments)
-                .await
-                .expect("declare a queue");
-            let publisher = AmqpPublisher::new(&connection, "")
-                .await
-                .expect("a publisher");
-            Some(RabbitMq {
-                connection,
-                channel,
-                queue,
-                publisher,
-            })
+            Some(Self::connect(&crate::common::amqp_url(test)?, test).await)
+        }
+
+        async fn on_own_server(test: &str) -> Option<(Self, Server)> {
+            crate::common::amqp_url(test)?;
+            if !std::path::Path::new(RABBITMQ_SERVER).exists() {
+                return super::not_installed(RABBITMQ_SERVER);
+            }
+            let server = Server::start("env", rabbitmq_node).await?;
+            let url = format!("{}/%2f", server.url("amqp"));
+            Some((Self::connect(&url, test).await, server))
         }
 
         async fn source(&self) -> Self::Source {
@@ -426,6 +422,69 @@ mod rabbitmq_broker {
                 .channel
                 .basic_publish("".into(), queue, options, payload, properties);
             sent.await.expect("publish").await.expect("publish confirm");
+        }
+    }
+
+    /// The script that runs a RabbitMQ node in the foreground (a `SIGTERM` stops it in order).
+    const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+
+    /// The `env` arguments that run a RabbitMQ node of its own on `port`, everything it keeps in
+    /// `dir`: its configuration (listening on loopback only), no plugins, its data and logs.
+    fn rabbitmq_node(port: u16, dir: &str) -> Vec<String> {
+        let config = format!("{dir}/rabbitmq.conf");
+        let listen = format!("listeners.tcp.local = 127.0.0.1:{port}\n");
+        std::fs::write(&config, listen).expect("write the node's configuration");
+        let plugins = format!("{dir}/enabled_plugins");
+        std::fs::write(&plugins, "[].\n").expect("write the node's plugins");
+        let distribution = super::free_port(port + 1);
+        let settings = [
+            ("RABBITMQ_CONFIG_FILE", config),
+            ("RABBITMQ_ENABLED_PLUGINS_FILE", plugins),
+            ("RABBITMQ_NODENAME", format!("inbox{port}@localhost")),
+            ("RABBITMQ_NODE_PORT", port.to_string()),
+            ("RABBITMQ_DIST_PORT", distribution.to_string()),
+            ("RABBITMQ_MNESIA_BASE", format!("{dir}/mnesia")),
+            ("RABBITMQ_LOG_BASE", format!("{dir}/log")),
+        ];
+        let settings = settings
+            .into_iter()
+            .map(|(name, value)| format!("{name}={value}"));
+        settings.chain([RABBITMQ_SERVER.to_owned()]).collect()
+    }
+
+    impl RabbitMq {
+        /// A quorum queue of `test`'s own on the server at `url`, over a connection that recovers
+        /// (with its channels and consumers) when the server comes back.
+        async fn connect(url: &str, test: &str) -> Self {
+            let recovering = ConnectionProperties::default().enable_auto_recover();
+            let connection = Connection::connect(url, recovering)
+                .await
+                .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url}: {e}"));
+            let channel = connection.create_channel().await.expect("open a channel");
+            let queue = crate::common::unique(test);
+            let mut arguments = FieldTable::default();
+            arguments.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+            arguments.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+            let durable = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            channel
+                .queue_declare(queue.as_str().into(), durable, arguments)
+                .await
+                .expect("declare a queue");
+            let publisher = AmqpPublisher::new(&connection, "")
+                .await
+                .expect("a publisher");
+            RabbitMq {
+                connection,
+                channel,
+                queue,
+                publisher,
+            }
         }
     }
 

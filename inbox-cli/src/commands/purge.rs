@@ -28,10 +28,12 @@ pub async fn run<DB: Backend>(
         return out.emit(&PurgePlan::new(window, preview));
     }
     let question = format!(
-        "Delete {} processed or stale rows handled more than {} ago? A message redelivered after \
-         its row is gone would be handled again.",
+        "Delete {} processed or stale rows handled more than {} ago, and {} resolved by an \
+         operator before then? A message redelivered after its row is gone would be handled \
+         again.",
         preview.purgeable,
-        humantime::format_duration(older_than)
+        humantime::format_duration(older_than),
+        preview.resolved
     );
     prompt::confirm(&question, &args.confirm).await?;
     let report = inbox_core::purge(pool, &retention).await?;
