@@ -29,6 +29,17 @@ pub enum Error {
         retry_after: Option<std::time::Duration>,
     },
 
+    /// The handler's database connection was lost under it (closed, reset, or ended by the
+    /// server): not the handler's failure, so nothing was recorded and no attempt counted; its
+    /// writes were rolled back, and the delivery comes again after a delay.
+    #[error("handler `{handler}` lost its database connection: {error}")]
+    ConnectionLost {
+        /// The handler's name.
+        handler: &'static str,
+        /// What the handler returned.
+        error: HandlerError,
+    },
+
     /// The message failed before and its next attempt is not due yet: nothing ran and no attempt
     /// was counted. The delivery can come back after `retry_after`; the runtime also retries the
     /// message from the store when it is due, whether or not the broker redelivers it.
@@ -128,7 +139,8 @@ impl Error {
                 retry_after: Some(_),
                 ..
             }
-            | Error::RetryNotDue { .. } => true,
+            | Error::RetryNotDue { .. }
+            | Error::ConnectionLost { .. } => true,
             _ => false,
         }
     }
@@ -273,6 +285,34 @@ impl HandlerError {
     /// The underlying error.
     pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         &*self.inner
+    }
+
+    /// Whether the handler failed because its database connection was lost: a `sqlx` error in
+    /// its chain of sources that says the connection broke, closed, or was ended by the server
+    /// (PostgreSQL's SQLSTATE class 08 and 57P01-57P03, MySQL's 08 and killed connections).
+    pub(crate) fn lost_connection(&self) -> bool {
+        let mut error: Option<&(dyn std::error::Error + 'static)> = Some(self.get_ref());
+        while let Some(current) = error {
+            if current
+                .downcast_ref::<sqlx::Error>()
+                .is_some_and(connection_lost)
+            {
+                return true;
+            }
+            error = current.source();
+        }
+        false
+    }
+}
+
+/// Whether `error` says the connection it ran on is gone.
+pub(crate) fn connection_lost(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "70100")
+        }),
+        _ => false,
     }
 }
 

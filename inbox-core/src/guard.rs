@@ -316,6 +316,10 @@ pub(crate) async fn attempt<'c, DB: Backend, H: Handler<DB>>(
             };
             match run_handler(tx, handler, &attempted, message).await {
                 Ok(done) => tx = done,
+                Err(error) if error.lost_connection() => {
+                    let handler = handler.name();
+                    return Err(Error::ConnectionLost { handler, error });
+                }
                 Err(error) => return Ok(Step::Failed(error)),
             }
             Outcome::Processed
@@ -656,8 +660,13 @@ async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
     }
 }
 
-/// The failure of a handler that returned `Ok` on a transaction it left unable to commit.
+/// The failure of a handler that returned `Ok` on a transaction it left unable to commit, or
+/// the connection lost under it (which is no failure of the handler's: see
+/// [`HandlerError::lost_connection`]).
 fn aborted(error: sqlx::Error) -> HandlerError {
+    if crate::error::connection_lost(&error) {
+        return HandlerError::from(error);
+    }
     HandlerError::msg(format!(
         "the handler returned Ok, but its transaction can no longer commit ({error}); a statement \
          that may fail must run in a savepoint (`tx.begin()`) for the handler to go on after it"
@@ -711,7 +720,8 @@ pub const RELEASES_PER_MESSAGE: u32 = 100;
 ///
 /// A released message that fails goes the way of any failure: recorded with its attempt and
 /// error, retried by `retry` (from the store, see [`retry_due`]) or dead; its successors wait
-/// behind it. A crash between two releases loses nothing: what was released is committed, the
+/// behind it. One whose handler lost its database connection stays parked, for the next
+/// release ([`Error::ConnectionLost`]). A crash between two releases loses nothing: what was released is committed, the
 /// rest stays parked, and the next delivery for the aggregate (or [`resume`]) carries on.
 pub async fn release<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
@@ -821,6 +831,10 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
             messages::settle(&mut tx, &key, MessageStatus::Processed).await?;
             tx.commit().await?;
             Ok(Some(Outcome::Released))
+        }
+        Err(error) if error.lost_connection() => {
+            let handler = handler.name();
+            Err(Error::ConnectionLost { handler, error })
         }
         Err(error) => {
             let payload_hash = content_hash(&parked.payload);
