@@ -1,8 +1,28 @@
-//! The database killing the inbox's connections while it runs (a failover, a restarted proxy, an
-//! operator's `pg_terminate_backend`): nothing lost and nothing applied twice, one message per
-//! transaction and batched, on PostgreSQL and MySQL (SQLite has no connections to kill).
+//! The database failing under a running inbox, one message per transaction and batched: its
+//! connections killed (a failover, a restarted proxy, an operator's `pg_terminate_backend`), on
+//! PostgreSQL and MySQL (SQLite has no connections to kill), and a PostgreSQL server of the
+//! test's own crashed and recovered. Nothing is lost, nothing applied twice, each aggregate's
+//! events apply in order, and a lost connection counts no attempt against the handler.
 
 mod common;
+
+use common::ledger::Credited;
+
+/// A broker holding `per_account` events of each of `accounts` accounts, each delivered twice,
+/// the accounts' events interleaved and each account's in sequence order.
+fn ledger_stream(accounts: i64, per_account: i64) -> inbox::MemoryBroker {
+    let broker = inbox::MemoryBroker::new();
+    for sequence in 1..=per_account {
+        for account in 0..accounts {
+            let id = format!("{account}-{sequence}");
+            let event = Credited::new(format!("e-{id}"), format!("acct-{account}"), sequence, 1);
+            let envelope = inbox::Envelope::encode(format!("d-{id}"), &event).expect("encode");
+            broker.publish(envelope.clone());
+            broker.publish(envelope);
+        }
+    }
+    broker
+}
 
 /// `$whoami`: the statement that answers a connection's server-side id; `$kill`: the statement
 /// that ends the connection with that id.
@@ -11,7 +31,6 @@ macro_rules! killed_connections_suite {
         use std::sync::{Arc, Mutex};
         use std::time::Duration;
 
-        use inbox::MemoryBroker;
         use inbox::prelude::*;
         use sqlx::Connection;
 
@@ -72,21 +91,7 @@ macro_rules! killed_connections_suite {
                 .await
                 .unwrap();
             let (accounts, per_account) = (12, 40);
-            let broker = MemoryBroker::new();
-            for sequence in 1..=per_account {
-                for account in 0..accounts {
-                    let event = Credited::new(
-                        format!("e-{account}-{sequence}"),
-                        format!("acct-{account}"),
-                        sequence,
-                        1,
-                    );
-                    let envelope =
-                        Envelope::encode(format!("d-{account}-{sequence}"), &event).unwrap();
-                    broker.publish(envelope.clone());
-                    broker.publish(envelope);
-                }
-            }
+            let broker = crate::ledger_stream(accounts, per_account);
             let killer = tokio::spawn({
                 let (pool, ids) = (pool.clone(), Arc::clone(&ids));
                 async move { kill_connections(&pool, ids, 8).await }
@@ -176,4 +181,237 @@ mod mysql_batched {
         "SELECT CAST(CONNECTION_ID() AS SIGNED)",
         |id: i64| format!("KILL {id}")
     );
+}
+
+/// A PostgreSQL server of the test's own (initialized in a directory of its own, on a free port
+/// below 32768), crashed with `pg_ctl stop -m immediate` (as a power cut or `kill -9` of the
+/// postmaster would: recovery replays the write-ahead log) and started again.
+mod postgres_crash {
+    use std::path::PathBuf;
+    use std::process::Command;
+    use std::time::Duration;
+
+    use inbox::prelude::*;
+    use sqlx::PgPool;
+
+    use crate::common::ledger::{Credited, LEDGER_TABLES};
+
+    crate::common::ledger::ledger_handlers!(sqlx::Postgres, sqlx::PgConnection);
+
+    struct OwnServer {
+        bin: PathBuf,
+        dir: PathBuf,
+        port: u16,
+    }
+
+    impl OwnServer {
+        /// Initializes and starts a server, or `None` (with a line saying so) when PostgreSQL is
+        /// not configured for the tests or its programs are not installed, unless under `CI=true`.
+        async fn start(test: &str) -> Option<Self> {
+            crate::common::postgres_url(test).await?;
+            let Some(bin) = installed_bin() else {
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "CI must run the database crash test, but PostgreSQL's `initdb` is not installed"
+                );
+                crate::common::skip::skip(
+                    test,
+                    "the crash test needs PostgreSQL's `initdb` and `pg_ctl`",
+                );
+                return None;
+            };
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!("inbox_pg_{port}_{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("a data directory");
+            run("chown", &["postgres", &dir.display().to_string()]);
+            let server = OwnServer { bin, dir, port };
+            server.pg(
+                "initdb",
+                &[
+                    "-D",
+                    &server.data(),
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "--no-sync",
+                ],
+            );
+            let settings = format!(
+                "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n",
+                server.dir.display()
+            );
+            let config = server.dir.join("data/postgresql.conf");
+            let mut conf = std::fs::read_to_string(&config).expect("read postgresql.conf");
+            conf.push_str(&settings);
+            std::fs::write(&config, conf).expect("write postgresql.conf");
+            server.pg_ctl("start");
+            Some(server)
+        }
+
+        fn data(&self) -> String {
+            self.dir.join("data").display().to_string()
+        }
+
+        fn url(&self) -> String {
+            format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        }
+
+        /// Runs one of PostgreSQL's programs as the `postgres` user.
+        fn pg(&self, program: &str, args: &[&str]) {
+            let program = self.bin.join(program).display().to_string();
+            let mut command = vec!["-u", "postgres", "--", &program];
+            command.extend(args);
+            run("runuser", &command);
+        }
+
+        /// `pg_ctl start` or `stop -m immediate`, waiting until it is done.
+        fn pg_ctl(&self, action: &str) {
+            let log = self.dir.join("log").display().to_string();
+            let data = self.data();
+            let mut args = vec!["-D", &data, "-l", &log, "-w", action];
+            if action == "stop" {
+                args.extend(["-m", "immediate"]);
+            }
+            self.pg("pg_ctl", &args);
+        }
+
+        /// Crashes the server, and starts it again on its data.
+        fn crash_and_restart(&self) {
+            self.pg_ctl("stop");
+            self.pg_ctl("start");
+        }
+    }
+
+    impl Drop for OwnServer {
+        fn drop(&mut self) {
+            let (data, program) = (self.data(), self.bin.join("pg_ctl").display().to_string());
+            let stop = [
+                "-u",
+                "postgres",
+                "--",
+                &program,
+                "-D",
+                &data,
+                "-m",
+                "immediate",
+                "stop",
+            ];
+            let _ = Command::new("runuser").args(stop).output();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// The directory of PostgreSQL's server programs (Debian keeps them per major version).
+    fn installed_bin() -> Option<PathBuf> {
+        let versions = std::fs::read_dir("/usr/lib/postgresql").ok()?;
+        let bins = versions.filter_map(|version| Some(version.ok()?.path().join("bin")));
+        bins.filter(|bin| bin.join("initdb").exists()).max()
+    }
+
+    fn run(program: &str, args: &[&str]) {
+        let output = Command::new(program).args(args).output().expect(program);
+        assert!(
+            output.status.success(),
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// A port below 32768 (under the ephemeral range) that nothing listens on now.
+    fn free_port() -> u16 {
+        let start = 21_000 + (std::process::id() % 9_000) as u16;
+        (start..32_000)
+            .chain(21_000..start)
+            .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+            .expect("a free port")
+    }
+
+    /// The events applied so far, or `None` while the server does not answer.
+    async fn applied_count(pool: &PgPool) -> Option<i64> {
+        sqlx::query_scalar("SELECT COUNT(*) FROM applied")
+            .fetch_one(pool)
+            .await
+            .ok()
+    }
+
+    async fn database_crash_mid_run(test: &str, batch: Option<inbox::Batch>) {
+        let Some(server) = OwnServer::start(test).await else {
+            return;
+        };
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&server.url())
+            .await
+            .expect("connect");
+        inbox::migrate(&pool).await.expect("migrate");
+        for ddl in LEDGER_TABLES {
+            sqlx::query(ddl)
+                .execute(&pool)
+                .await
+                .expect("create ledger table");
+        }
+        let (accounts, per_account) = (12, 40);
+        let broker = crate::ledger_stream(accounts, per_account);
+        let inbox = crate::common::builder(&pool, batch)
+            .handler(credit_strict)
+            .workers(4)
+            .build()
+            .await
+            .unwrap();
+        let total = accounts * per_account;
+        let watched = pool.clone();
+        let all_applied = async move {
+            for _ in 0..1_200 {
+                if applied_count(&watched)
+                    .await
+                    .is_some_and(|applied| applied >= total)
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let run = tokio::spawn(async move { inbox.run_until(broker.source(), all_applied).await });
+        crate::common::eventually_async("some messages applied", || async {
+            applied_count(&pool)
+                .await
+                .is_some_and(|applied| applied >= 40)
+        })
+        .await;
+
+        server.crash_and_restart();
+        let report = run.await.unwrap().expect("the run survives the crash");
+
+        let log = std::fs::read_to_string(server.dir.join("log")).expect("the server's log");
+        assert!(
+            log.contains("automatic recovery in progress"),
+            "the server recovered from a crash: {log}"
+        );
+        assert_eq!(applied_count(&pool).await, Some(total), "{report:?}");
+        for account in 0..accounts {
+            let order = "SELECT sequence FROM applied WHERE account = $1 ORDER BY position";
+            let account = format!("acct-{account}");
+            let sequences: Vec<i64> = sqlx::query_scalar(order)
+                .bind(&account)
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+            assert_eq!(
+                sequences,
+                (1..=per_account).collect::<Vec<_>>(),
+                "each once, in order: {account}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_crash_mid_run_loses_nothing_and_applies_nothing_twice() {
+        database_crash_mid_run("database_crash", None).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_crash_mid_batch_loses_nothing_and_applies_nothing_twice() {
+        database_crash_mid_run("database_crash_batched", Some(inbox::Batch::new(16))).await;
+    }
 }
