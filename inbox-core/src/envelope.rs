@@ -155,16 +155,20 @@ impl Envelope {
     }
 }
 
-/// The correlation id in `headers` (see [`Envelope::correlation_id`]).
+/// The correlation id in `headers` (see [`Envelope::correlation_id`]). Read for every message
+/// handled, so the other spellings are compared in place, without a copy of each header's name.
 pub(crate) fn correlation_id(headers: &BTreeMap<String, String>) -> Option<&str> {
     const NAME: &str = "correlation-id";
-    let spelled = |name: &str| {
-        let name = name.to_ascii_lowercase().replace('_', "-");
-        name == NAME || name.strip_prefix("x-") == Some(NAME)
-    };
+    let spelled = |name: &str| spelled_as(name, NAME) || spelled_as(name, "x-correlation-id");
     let value = headers.get(NAME).or_else(|| {
         let mut others = headers.iter().filter(|(name, _)| spelled(name));
         others.next().map(|(_, value)| value)
     });
     value.map(String::as_str)
+}
+
+/// Whether `name` is `wanted` (lowercase, words joined by `-`) in any case, with `_` or `-`.
+fn spelled_as(name: &str, wanted: &str) -> bool {
+    let same = |(c, w): (u8, u8)| c.to_ascii_lowercase() == w || (c == b'_' && w == b'-');
+    name.len() == wanted.len() && name.bytes().zip(wanted.bytes()).all(same)
 }

@@ -721,8 +721,9 @@ pub const RELEASES_PER_MESSAGE: u32 = 100;
 /// A released message that fails goes the way of any failure: recorded with its attempt and
 /// error, retried by `retry` (from the store, see [`retry_due`]) or dead; its successors wait
 /// behind it. One whose handler lost its database connection stays parked, for the next
-/// release ([`Error::ConnectionLost`]). A crash between two releases loses nothing: what was released is committed, the
-/// rest stays parked, and the next delivery for the aggregate (or [`resume`]) carries on.
+/// release ([`Error::ConnectionLost`]). A crash between two releases loses nothing: what was
+/// released is committed, the rest stays parked, and the next delivery for the aggregate (or
+/// [`resume`]) carries on.
 pub async fn release<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,

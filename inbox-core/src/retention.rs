@@ -194,30 +194,41 @@ async fn purge_batches<DB: Backend>(
         led: true,
         ..PurgeReport::default()
     };
-    (report.purged, report.batches) = drain(retention, |limit| {
-        statements::batch(pool, older_than, limit)
-    })
-    .await?;
-    metrics::counter!("inbox_purged_total").increment(report.purged);
-    metrics::counter!("inbox_purge_batches_total").increment(report.batches);
+    let counted = Counted {
+        rows: metrics::counter!("inbox_purged_total"),
+        batches: Some(metrics::counter!("inbox_purge_batches_total")),
+    };
+    let dedup_rows = |limit| statements::batch(pool, older_than, limit);
+    (report.purged, report.batches) = drain(retention, &counted, dedup_rows).await?;
     for kind in Resolved::ALL {
-        let (deleted, _) = drain(retention, |limit| {
-            statements::resolved_batch(pool, kind, older_than, limit)
-        })
-        .await?;
+        let counted = Counted {
+            rows: metrics::counter!("inbox_purged_resolved_total", "kind" => kind.as_str()),
+            batches: None,
+        };
+        let resolved_rows = |limit| statements::resolved_batch(pool, kind, older_than, limit);
+        let (deleted, _) = drain(retention, &counted, resolved_rows).await?;
         match kind {
             Resolved::Actions => report.actions += deleted,
             _ => report.resolved += deleted,
         }
-        metrics::counter!("inbox_purged_resolved_total", "kind" => kind.as_str())
-            .increment(deleted);
     }
     Ok(report)
 }
 
+/// The counters a purge's batches go to as they run.
+struct Counted {
+    rows: metrics::Counter,
+    batches: Option<metrics::Counter>,
+}
+
 /// Runs `batch` (which deletes at most as many rows as it is given) until one deletes fewer,
-/// pausing between two; returns the rows deleted and the batches run.
-async fn drain<F, Fut>(retention: &Retention, batch: F) -> Result<(u64, u64), Error>
+/// pausing between two and counting each in `counted`; returns the rows deleted and the batches
+/// run.
+async fn drain<F, Fut>(
+    retention: &Retention,
+    counted: &Counted,
+    batch: F,
+) -> Result<(u64, u64), Error>
 where
     F: Fn(i64) -> Fut,
     Fut: Future<Output = Result<u64, sqlx::Error>>,
@@ -226,6 +237,10 @@ where
     loop {
         let rows = batch(i64::from(retention.batch_size)).await?;
         (deleted, batches) = (deleted + rows, batches + 1);
+        counted.rows.increment(rows);
+        if let Some(counter) = &counted.batches {
+            counter.increment(1);
+        }
         if rows < u64::from(retention.batch_size) {
             return Ok((deleted, batches));
         }
