@@ -318,13 +318,24 @@ mod postgres_crash {
         );
     }
 
-    /// A port below 32768 (under the ephemeral range) that nothing listens on now.
+    /// A port below 32768 (under the ephemeral range) that nothing listens on now and that no
+    /// other test of this process was given: tests running at once each get their own.
     fn free_port() -> u16 {
-        let start = 21_000 + (std::process::id() % 9_000) as u16;
-        (start..32_000)
-            .chain(21_000..start)
-            .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
-            .expect("a free port")
+        use std::sync::atomic::{AtomicU16, Ordering};
+        static NEXT: AtomicU16 = AtomicU16::new(0);
+        let base = 21_000 + (std::process::id() % 9_000) as u16;
+        let _ = NEXT.compare_exchange(0, base, Ordering::SeqCst, Ordering::SeqCst);
+        loop {
+            let port = NEXT.fetch_add(1, Ordering::SeqCst);
+            let port = if port >= 32_000 {
+                21_000 + port % 11_000
+            } else {
+                port
+            };
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
     }
 
     /// The events applied so far, or `None` while the server does not answer.
