@@ -11,7 +11,8 @@
 //!
 //! `cargo bench --bench throughput` runs on a SQLite file; `DATABASE_URL=postgres://...` adds
 //! PostgreSQL, and `MYSQL_URL=mysql://...` with `--features mysql` adds MySQL.
-//! `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or widen the runs.
+//! `BENCH_WORKERS=1,16`, `BENCH_AGGREGATES=200` and `BENCH_ROUNDS=3` narrow or widen the runs;
+//! `BENCH_MESSAGES=20000` lengthens each run (batches of 1000 then fill every worker many times).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use runtime::Setup;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
-/// Distinct messages per measured run.
+/// Distinct messages per measured run, unless `BENCH_MESSAGES` says otherwise.
 const MESSAGES: usize = 4_000;
 /// The share of deliveries that are copies of an earlier one.
 const DUPLICATE_SHARE: f64 = 0.3;
@@ -51,13 +52,15 @@ enum Mode {
 
 /// What is measured, and how often.
 struct Plan {
+    messages: usize,
     aggregates: Vec<usize>,
     workers: Vec<usize>,
     rounds: usize,
 }
 
 impl Plan {
-    /// The full plan, narrowed by `BENCH_AGGREGATES`, `BENCH_WORKERS` and `BENCH_ROUNDS`.
+    /// The full plan, narrowed by `BENCH_AGGREGATES`, `BENCH_WORKERS` and `BENCH_ROUNDS`, its
+    /// runs lengthened by `BENCH_MESSAGES`.
     fn from_env() -> Self {
         let list = |name: &str, default: Vec<usize>| match std::env::var(name) {
             Ok(values) => values
@@ -67,6 +70,10 @@ impl Plan {
             Err(_) => default,
         };
         Self {
+            messages: list("BENCH_MESSAGES", vec![MESSAGES])
+                .first()
+                .copied()
+                .unwrap_or(MESSAGES),
             aggregates: list("BENCH_AGGREGATES", vec![200, ACCOUNTS]),
             workers: list("BENCH_WORKERS", vec![1, 4, 16]),
             rounds: list("BENCH_ROUNDS", vec![2]).first().copied().unwrap_or(2),
@@ -74,10 +81,10 @@ impl Plan {
     }
 }
 
-/// `MESSAGES` events round-robin over `aggregates` accounts, each account's in sequence order,
+/// `messages` events round-robin over `aggregates` accounts, each account's in sequence order,
 /// delivered with 30% duplicates (each copy right behind a random earlier delivery).
-fn deliveries(aggregates: usize) -> Vec<Envelope> {
-    let events: Vec<Credited> = (0..MESSAGES)
+fn deliveries(messages: usize, aggregates: usize) -> Vec<Envelope> {
+    let events: Vec<Credited> = (0..messages)
         .map(|i| Credited {
             event_id: Uuid::new_v4(),
             account: format!("acct-{}", i % aggregates),
@@ -85,7 +92,7 @@ fn deliveries(aggregates: usize) -> Vec<Envelope> {
             amount: 1,
         })
         .collect();
-    let copies = (MESSAGES as f64 * DUPLICATE_SHARE / (1.0 - DUPLICATE_SHARE)) as usize;
+    let copies = (messages as f64 * DUPLICATE_SHARE / (1.0 - DUPLICATE_SHARE)) as usize;
     let mut stream: Vec<&Credited> = events.iter().collect();
     let mut state = 0x9E37_79B9_7F4A_7C15_u64;
     for _ in 0..copies {
@@ -266,8 +273,8 @@ where
             round_trip(&self.pool, self.credit).await?
         );
         println!(
-            "{}: {MESSAGES} messages + 30% duplicates, msg/s (median of {} rounds)",
-            self.name, plan.rounds
+            "{}: {} messages + 30% duplicates, msg/s (median of {} rounds)",
+            self.name, plan.messages, plan.rounds
         );
         println!(
             "  {:>10} {:>7} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}   {:>9} {:>11} {:>11}",
@@ -284,7 +291,7 @@ where
             "1 / process"
         );
         for &aggregates in &plan.aggregates {
-            let work = deliveries(aggregates);
+            let work = deliveries(plan.messages, aggregates);
             for &workers in &plan.workers {
                 let mut rates = vec![Vec::new(); modes.len()];
                 for _ in 0..plan.rounds {
