@@ -290,11 +290,12 @@ const SQL: Statements = Statements {
             AND NOT EXISTS (SELECT 1 FROM inbox_rejected r WHERE r.id = inbox_actions.rejected_id) \
             ORDER BY performed_at LIMIT ?",
         ],
-        // Named after the database, so that inboxes in other databases of a server do not contend.
+        // Named after the database, so that inboxes in other databases of a server do not contend;
+        // by its hash, as MySQL refuses lock names over 64 characters (a database name takes 64).
         lock: Some(
-            "SELECT CAST(COALESCE(GET_LOCK(CONCAT('inbox_purge.', DATABASE()), 0), 0) AS SIGNED)",
+            "SELECT CAST(COALESCE(GET_LOCK(CONCAT('inbox_purge.', SHA1(DATABASE())), 0), 0) AS SIGNED)",
         ),
-        unlock: Some("SELECT RELEASE_LOCK(CONCAT('inbox_purge.', DATABASE()))"),
+        unlock: Some("SELECT RELEASE_LOCK(CONCAT('inbox_purge.', SHA1(DATABASE())))"),
     },
     batch: BatchSql {
         claim: BulkClaim::ReadThenInsert(concat!(
@@ -467,6 +468,7 @@ impl Backend for MySql {
             include_str!("../../migrations/mysql/0002_outbox.sql"),
             include_str!("../../migrations/mysql/0003_actions.sql"),
             include_str!("../../migrations/mysql/0004_conflicts.sql"),
+            include_str!("../../migrations/mysql/0005_retention.sql"),
         )
     }
 }

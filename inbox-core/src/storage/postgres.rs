@@ -632,6 +632,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0007_queue.sql"),
             include_str!("../../migrations/postgres/0008_actions.sql"),
             include_str!("../../migrations/postgres/0009_conflicts.sql"),
+            include_str!("../../migrations/postgres/0010_retention.sql"),
         )
     }
 }

@@ -28,3 +28,40 @@ pub async fn check<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     sql::execute::<DB>(&mut conn, DB::SQL.check_schema, &[]).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Backend;
+
+    /// Every migration of `DB`, word for word, in the DDL printed for teams that apply their own.
+    fn printed_schema_holds_every_migration<DB: Backend>() {
+        let ddl = DB::schema_sql();
+        for migration in DB::migrations().iter() {
+            assert!(
+                ddl.contains(migration.sql.as_str().trim()),
+                "{}'s printed schema lacks migration {} ({})",
+                DB::NAME,
+                migration.version,
+                migration.description
+            );
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_prints_every_migration() {
+        printed_schema_holds_every_migration::<sqlx::Postgres>();
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_prints_every_migration() {
+        printed_schema_holds_every_migration::<sqlx::Sqlite>();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_prints_every_migration() {
+        printed_schema_holds_every_migration::<sqlx::MySql>();
+    }
+}

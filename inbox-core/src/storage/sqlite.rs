@@ -220,6 +220,7 @@ impl Backend for Sqlite {
             include_str!("../../migrations/sqlite/0007_actions.sql"),
             include_str!("../../migrations/sqlite/0008_conflicts.sql"),
             include_str!("../../migrations/sqlite/0009_messages_rowid.sql"),
+            include_str!("../../migrations/sqlite/0010_retention.sql"),
         )
     }
 }
