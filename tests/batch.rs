@@ -575,3 +575,87 @@ async fn mysql_bulk_advance_waits_for_a_stream_moved_meanwhile() {
     assert!(moved.is_empty(), "the message is stale: {moved:?}");
     assert_eq!(last, 5);
 }
+
+#[derive(Debug, Clone, inbox::prelude::Serialize, inbox::prelude::Deserialize, inbox::Message)]
+#[message(name = "batch.entry")]
+struct Entry {
+    id: String,
+    account: String,
+    sequence: i64,
+}
+
+/// Writes its row, then fails for good on an id starting with `bad`.
+#[inbox::inbox_handler(
+    key = "id",
+    sequence = "sequence",
+    aggregate = "account",
+    name = "entry"
+)]
+async fn entry(tx: &mut sqlx::SqliteConnection, msg: Entry) -> Result<(), inbox::HandlerError> {
+    sqlx::query("INSERT INTO written (id) VALUES ($1)")
+        .bind(&msg.id)
+        .execute(&mut *tx)
+        .await?;
+    if msg.id.starts_with("bad") {
+        return Err(inbox::HandlerError::msg("bad is refused"));
+    }
+    Ok(())
+}
+
+/// When a message of a batch fails, the messages before it commit before its failure is recorded,
+/// as they would one per transaction: from that record on, the store may retry it, and a retry
+/// that came first would move its aggregate past them and make them stale. A trigger notes what
+/// was committed when the failure was recorded.
+#[tokio::test]
+async fn the_messages_before_a_failure_commit_before_it_is_recorded() {
+    use inbox::prelude::*;
+
+    let pool = common::sqlite("batch_failure_order").await.unwrap();
+    for ddl in [
+        "CREATE TABLE written (id TEXT NOT NULL)",
+        "CREATE TABLE written_at_failure (written INTEGER NOT NULL)",
+        "CREATE TRIGGER failure_inserted AFTER INSERT ON inbox_messages \
+         WHEN NEW.status IN ('failed', 'dead') \
+         BEGIN INSERT INTO written_at_failure SELECT COUNT(*) FROM written; END",
+        "CREATE TRIGGER failure_updated AFTER UPDATE OF status ON inbox_messages \
+         WHEN NEW.status IN ('failed', 'dead') \
+         BEGIN INSERT INTO written_at_failure SELECT COUNT(*) FROM written; END",
+    ] {
+        sqlx::raw_sql(ddl).execute(&pool).await.unwrap();
+    }
+    let inbox = Inbox::builder(pool.clone())
+        .workers(1)
+        .batch(inbox::Batch::new(8))
+        .handler(entry)
+        .build()
+        .await
+        .unwrap();
+    let broker = inbox::MemoryBroker::new();
+    let deliveries = [("a-1", 1), ("a-2", 2), ("bad-3", 3), ("a-4", 4)];
+    for (id, sequence) in deliveries {
+        let message = Entry {
+            id: id.into(),
+            account: "a".into(),
+            sequence,
+        };
+        broker.publish(Envelope::encode(format!("delivery-{id}"), &message).unwrap());
+    }
+    broker.close();
+
+    inbox.run(broker.source()).await.unwrap();
+
+    let at_failure: Vec<i64> = sqlx::query_scalar("SELECT written FROM written_at_failure")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        at_failure,
+        [2],
+        "a-1 and a-2 committed before bad-3's failure was recorded"
+    );
+    let written: Vec<String> = sqlx::query_scalar("SELECT id FROM written ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(written, ["a-1", "a-2", "a-4"]);
+}

@@ -32,6 +32,12 @@ impl Envelope {
 
     /// Encodes a message as JSON under its type tag.
     ///
+    /// If the message declares an aggregate ([`Message::aggregate`](crate::Message::aggregate),
+    /// `#[message(aggregate = "field")]`), the envelope carries it in the
+    /// [`AGGREGATE_ID`](crate::outbox::AGGREGATE_ID) header: Kafka's publisher keys the record by
+    /// it and the PostgreSQL queue hands out one aggregate's messages in order. A later
+    /// [`with_header`](Self::with_header) of the same name replaces it.
+    ///
     /// ```
     /// # use inbox_core::{Envelope, Message};
     /// #[derive(serde::Serialize, serde::Deserialize)]
@@ -41,6 +47,7 @@ impl Envelope {
     /// let envelope = Envelope::encode("d-1", &Ping { id: 7 }).unwrap();
     /// assert_eq!(envelope.message_type(), "ping");
     /// assert_eq!(envelope.payload(), br#"{"id":7}"#);
+    /// assert!(envelope.headers().is_empty()); // no aggregate, no aggregate-id header
     /// ```
     pub fn encode<M: crate::Message>(
         id: impl Into<String>,
@@ -48,7 +55,11 @@ impl Envelope {
     ) -> Result<Self, crate::Error> {
         let payload =
             serde_json::to_vec(message).map_err(|e| crate::Error::Encode(e.to_string()))?;
-        Ok(Self::new(M::TYPE, id, payload))
+        let envelope = Self::new(M::TYPE, id, payload);
+        Ok(match message.aggregate() {
+            Some(aggregate) => envelope.with_header(crate::outbox::AGGREGATE_ID, aggregate),
+            None => envelope,
+        })
     }
 
     /// Adds a header.
@@ -171,4 +182,63 @@ pub(crate) fn correlation_id(headers: &BTreeMap<String, String>) -> Option<&str>
 fn spelled_as(name: &str, wanted: &str) -> bool {
     let same = |(c, w): (u8, u8)| c.to_ascii_lowercase() == w || (c == b'_' && w == b'-');
     name.len() == wanted.len() && name.bytes().zip(wanted.bytes()).all(same)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::Envelope;
+    use crate::Message;
+    use crate::outbox::AGGREGATE_ID;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Placed {
+        order_id: String,
+    }
+
+    impl Message for Placed {
+        const TYPE: &'static str = "order.placed";
+
+        fn aggregate(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(&self.order_id))
+        }
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Ping;
+
+    impl Message for Ping {
+        const TYPE: &'static str = "ping";
+    }
+
+    #[test]
+    fn encode_sets_the_aggregate_id_header_from_the_messages_aggregate() {
+        let placed = Placed {
+            order_id: "o-1".into(),
+        };
+        let envelope = Envelope::encode("d-1", &placed).unwrap();
+        assert_eq!(
+            envelope.headers().get(AGGREGATE_ID).map(String::as_str),
+            Some("o-1")
+        );
+        assert_eq!(envelope.headers().len(), 1);
+    }
+
+    #[test]
+    fn encode_leaves_the_aggregate_id_header_to_a_later_with_header() {
+        let placed = Placed {
+            order_id: "o-1".into(),
+        };
+        let envelope = Envelope::encode("d-1", &placed)
+            .unwrap()
+            .with_header(AGGREGATE_ID, "custom");
+        assert_eq!(envelope.headers()[AGGREGATE_ID], "custom");
+    }
+
+    #[test]
+    fn encode_sets_no_aggregate_id_header_without_an_aggregate() {
+        let envelope = Envelope::encode("d-1", &Ping).unwrap();
+        assert!(envelope.headers().is_empty());
+    }
 }

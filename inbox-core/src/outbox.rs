@@ -193,7 +193,8 @@ impl From<Envelope> for Outgoing {
     }
 }
 
-/// What [`publish`] takes: a typed message (`&M`), an [`Outgoing`], or a raw [`Envelope`].
+/// What [`publish`] takes: a typed message (`&M`), an [`Outgoing`], or a raw [`Envelope`] (each
+/// of the last two by value or by reference).
 pub trait IntoOutgoing {
     /// The message as it goes to the outbox.
     fn into_outgoing(self) -> Result<Outgoing, Error>;
@@ -214,6 +215,48 @@ impl IntoOutgoing for Outgoing {
 impl IntoOutgoing for Envelope {
     fn into_outgoing(self) -> Result<Outgoing, Error> {
         Ok(Outgoing::from(self))
+    }
+}
+
+/// A borrowed [`Outgoing`], cloned.
+impl IntoOutgoing for &Outgoing {
+    fn into_outgoing(self) -> Result<Outgoing, Error> {
+        Ok(self.clone())
+    }
+}
+
+/// A borrowed [`Envelope`]: its type tag, payload and headers, copied.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), inbox_core::Error> {
+/// use inbox_core::{Backend, Context, Envelope, outbox};
+/// use inbox_core::outbox::{IntoOutgoing, Outgoing};
+///
+/// let envelope = Envelope::new("order.placed", "d-1", b"{}".to_vec()).with_header("trace", "t");
+/// let outgoing = (&envelope).into_outgoing()?;
+/// assert_eq!(outgoing, Outgoing::from(envelope.clone()));
+/// assert_eq!((&outgoing).into_outgoing()?, outgoing);
+///
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// inbox_core::migrate(&pool).await?;
+/// let mut tx = pool.begin().await?;
+/// outbox::publish(&mut *tx, &envelope).await?;
+/// outbox::publish(&mut *tx, &outgoing).await?;
+/// tx.commit().await?;
+/// assert_eq!(outbox::list(&pool, None, 10).await?.len(), 2);
+///
+/// // A handler forwarding what it received, by reference:
+/// async fn forward<DB: Backend>(ctx: &mut Context<'_, DB>, received: &Envelope) -> Result<String, inbox_core::Error> {
+///     ctx.publish(received).await
+/// }
+/// # Ok(()) }
+/// ```
+impl IntoOutgoing for &Envelope {
+    fn into_outgoing(self) -> Result<Outgoing, Error> {
+        let mut outgoing = Outgoing::new(self.message_type(), self.payload().to_vec());
+        outgoing.headers = self.headers().clone();
+        Ok(outgoing)
     }
 }
 

@@ -1,13 +1,14 @@
 //! The runtime: dispatch of one envelope, and the worker loop over a source.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 
 use inbox_core::storage::operators;
 use inbox_core::{
-    Backend, Connect, DeadLetterFilter, Envelope, Error, ExpiredGap, KeptConnection, MessageKey,
-    MessageStatus, Outcome, PurgeReport, RejectedDelivery, Resolution, Retention, StoredMessage,
+    Backend, Connect, DeadLetterFilter, Envelope, Error, ExpiredGap, HandlerError, KeptConnection,
+    MessageKey, MessageStatus, Outcome, PurgeReport, RejectedDelivery, Resolution, Retention,
+    StoredMessage,
 };
 use sqlx::Pool;
 
@@ -37,6 +38,13 @@ impl<DB: Backend> Clone for Inbox<DB> {
 
 /// A job, with the envelope of the delivery it came from.
 pub(crate) type JobOf<'e, DB> = (Box<dyn Job<DB>>, &'e Envelope);
+
+/// What is left of a batch, in the order it is done: jobs to stage together, or the failure of
+/// one whose handler failed in a batch, to record.
+enum Step<'e, DB: Backend> {
+    Batch(Vec<(usize, JobOf<'e, DB>)>),
+    Failed(usize, JobOf<'e, DB>, HandlerError),
+}
 
 pub(crate) struct Shared<DB: Backend> {
     pub(crate) pool: Pool<DB>,
@@ -570,9 +578,12 @@ impl<DB: Backend> Shared<DB> {
     }
 
     /// Runs `jobs` (each with its delivery's envelope) in one transaction and returns each job's
-    /// result. When a handler fails, that failure is recorded and the others go in a new batch;
-    /// when the database refuses the batch, each job goes in a transaction of its own (counted
-    /// in `report`).
+    /// result. When a handler fails, the jobs before it commit first (in a batch of their own),
+    /// then its failure is recorded, then the jobs after it go in a new batch: each step in the
+    /// order one transaction per job would take, so a retry of the failed job, which the store
+    /// may start as soon as its failure is recorded, never comes before an earlier message of its
+    /// aggregate. When the database refuses a batch, each of its jobs goes in a transaction of
+    /// its own (counted in `report`).
     pub(crate) async fn execute_batch(
         &self,
         connection: &mut dyn Connect<DB>,
@@ -580,34 +591,68 @@ impl<DB: Backend> Shared<DB> {
         report: &mut RunReport,
     ) -> Vec<Result<Handled, Error>> {
         let mut results: Vec<Option<Result<Handled, Error>>> = jobs.iter().map(|_| None).collect();
-        let mut left: Vec<_> = jobs.into_iter().enumerate().collect();
-        while left.len() > 1 {
-            match self.stage(connection, &mut left).await {
-                Ok(staged) => {
-                    for ((index, job), staged) in left.into_iter().zip(staged) {
-                        let concluded = self.conclude(connection, job, InBatch::Staged(staged));
-                        results[index] = Some(concluded.await);
-                    }
-                    return results.into_iter().flatten().collect();
-                }
-                Err((at, Abandoned::Failed(error))) => {
-                    let (index, job) = left.remove(at);
+        let mut steps = VecDeque::from([Step::Batch(jobs.into_iter().enumerate().collect())]);
+        while let Some(step) = steps.pop_front() {
+            match step {
+                Step::Failed(index, job, error) => {
                     let concluded = self.conclude(connection, job, InBatch::Failed(error));
                     results[index] = Some(concluded.await);
                 }
-                Err((_, Abandoned::Refused)) => {
-                    report.batches_refused += 1;
-                    let consumer = self.consumer.clone();
-                    metrics::counter!("inbox_batches_refused_total", "consumer" => consumer)
-                        .increment(1);
-                    break;
+                Step::Batch(jobs) if jobs.len() > 1 => {
+                    self.execute_staged(connection, jobs, &mut steps, &mut results, report)
+                        .await;
                 }
+                Step::Batch(jobs) => self.execute_each(connection, jobs, &mut results).await,
             }
         }
-        for (index, (job, envelope)) in left {
+        results.into_iter().flatten().collect()
+    }
+
+    /// Stages `jobs` in one batch: concludes them once it committed; when a handler failed,
+    /// puts first what is left to do (the jobs before it, its failure, the jobs after it); when
+    /// the database refused the batch, runs each job on its own.
+    async fn execute_staged<'e>(
+        &self,
+        connection: &mut dyn Connect<DB>,
+        mut jobs: Vec<(usize, JobOf<'e, DB>)>,
+        steps: &mut VecDeque<Step<'e, DB>>,
+        results: &mut [Option<Result<Handled, Error>>],
+        report: &mut RunReport,
+    ) {
+        match self.stage(connection, &mut jobs).await {
+            Ok(staged) => {
+                for ((index, job), staged) in jobs.into_iter().zip(staged) {
+                    let concluded = self.conclude(connection, job, InBatch::Staged(staged));
+                    results[index] = Some(concluded.await);
+                }
+            }
+            Err((at, Abandoned::Failed(error))) => {
+                let mut after = jobs.split_off(at);
+                let (index, job) = after.remove(0);
+                steps.push_front(Step::Batch(after));
+                steps.push_front(Step::Failed(index, job, error));
+                steps.push_front(Step::Batch(jobs));
+            }
+            Err((_, Abandoned::Refused)) => {
+                report.batches_refused += 1;
+                let consumer = self.consumer.clone();
+                metrics::counter!("inbox_batches_refused_total", "consumer" => consumer)
+                    .increment(1);
+                self.execute_each(connection, jobs, results).await;
+            }
+        }
+    }
+
+    /// Runs each of `jobs` in a transaction of its own.
+    async fn execute_each(
+        &self,
+        connection: &mut dyn Connect<DB>,
+        jobs: Vec<(usize, JobOf<'_, DB>)>,
+        results: &mut [Option<Result<Handled, Error>>],
+    ) {
+        for (index, (job, envelope)) in jobs {
             results[index] = Some(self.execute(connection, job, envelope).await);
         }
-        results.into_iter().flatten().collect()
     }
 
     /// What a job came to once its batch ended.
