@@ -641,6 +641,70 @@ mod redis_broker {
             }
         }
     }
+    /// A pass for abandoned entries goes on where Redis stopped looking (it looks at no more than
+    /// ten times `count` pending entries a call): an abandoned entry behind more live ones than
+    /// that is still taken back, within the visibility timeout of the live ones.
+    #[tokio::test]
+    async fn an_abandoned_entry_behind_many_live_ones_is_taken_back() {
+        use inbox::Source;
+
+        let Some(broker) = RedisStreams::new("redis_abandoned_far").await else {
+            return;
+        };
+        const ENTRIES: usize = 12;
+        for n in 1..=ENTRIES {
+            let envelope = Envelope::new("t", format!("e-{n}"), b"{}".to_vec());
+            broker.publish(&envelope).await.expect("publish");
+        }
+        let mut live = RedisStreamSource::builder(&broker.client, &broker.stream, "group", "live")
+            .build()
+            .await
+            .expect("build the source");
+        for _ in 0..ENTRIES {
+            live.next().await.expect("read").expect("an entry");
+        }
+        let mut connection = broker
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let range: redis::streams::StreamRangeReply =
+            connection.xrange_all(&broker.stream).await.expect("XRANGE");
+        let last = &range.ids.last().expect("entries").id;
+        let _: redis::Value = redis::cmd("XCLAIM")
+            .arg(&broker.stream)
+            .arg("group")
+            .arg("gone")
+            .arg(0)
+            .arg(last)
+            .arg("IDLE")
+            .arg(600_000)
+            .arg("JUSTID")
+            .query_async(&mut connection)
+            .await
+            .expect("XCLAIM");
+
+        let mut rescuer =
+            RedisStreamSource::builder(&broker.client, &broker.stream, "group", "rescuer")
+                .visibility_timeout(Duration::from_secs(8))
+                .count(1)
+                .build()
+                .await
+                .expect("build the source");
+        let taken = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(delivery) = rescuer.next().await.expect("read") {
+                    return delivery.envelope().id().to_owned();
+                }
+            }
+        })
+        .await;
+        assert_eq!(
+            taken.as_deref(),
+            Ok(format!("e-{ENTRIES}").as_str()),
+            "the abandoned entry, before the live ones go idle"
+        );
+    }
 }
 
 #[cfg(feature = "kafka")]

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::BoxFuture;
 use inbox_core::Envelope;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamClaimOptions, StreamId,
     StreamPendingCountReply, StreamReadOptions, StreamReadReply,
@@ -62,6 +62,8 @@ pub struct RedisStreamSource {
     headers: HeaderNames,
     ready: VecDeque<Delivery>,
     last_claim: Option<Instant>,
+    /// Where the next `XAUTOCLAIM` goes on through the pending entries (`0-0`: from the start).
+    claim_from: String,
 }
 
 /// Where the source's entries are: the stream, the group and this consumer, and how long an
@@ -104,16 +106,21 @@ impl RedisStreamSource {
         }
     }
 
-    /// Claims the entries idle past the visibility timeout, at most every quarter of it.
+    /// Claims the entries idle past the visibility timeout: a pass through the pending entries
+    /// at most every quarter of it. Redis looks at no more than ten times `count` pending
+    /// entries a call, so a pass goes on from where the call before ended until it is through.
     async fn claim_abandoned(&mut self) -> Result<(), SourceError> {
         let entries = &self.entries;
-        if self
-            .last_claim
-            .is_some_and(|at| at.elapsed() < entries.visibility / 4)
-        {
-            return Ok(());
+        let passing = self.claim_from != START;
+        if !passing {
+            if self
+                .last_claim
+                .is_some_and(|at| at.elapsed() < entries.visibility / 4)
+            {
+                return Ok(());
+            }
+            self.last_claim = Some(Instant::now());
         }
-        self.last_claim = Some(Instant::now());
         let options = StreamAutoClaimOptions::default().count(entries.count);
         let idle = millis(entries.visibility);
         let claimed: StreamAutoClaimReply = self
@@ -123,10 +130,11 @@ impl RedisStreamSource {
                 &entries.group,
                 &entries.consumer,
                 idle,
-                "0-0",
+                &self.claim_from,
                 options,
             )
             .await?;
+        self.claim_from = claimed.next_stream_id;
         for entry in claimed.claimed {
             let attempt = self.delivery_count(&entry.id).await?;
             let delivery = self.delivery(entry, attempt);
@@ -149,7 +157,7 @@ impl RedisStreamSource {
     /// Reads new entries, waiting up to a quarter of the visibility timeout (at most a second).
     async fn read_new(&mut self) -> Result<(), SourceError> {
         let entries = &self.entries;
-        let wait = (entries.visibility / 4).min(Duration::from_secs(1));
+        let wait = read_wait(entries);
         let options = StreamReadOptions::default()
             .group(&entries.group, &entries.consumer)
             .count(entries.count)
@@ -200,6 +208,18 @@ impl RedisStreamSource {
     }
 }
 
+/// How long a read waits for new entries: a quarter of the visibility timeout, at most a second.
+fn read_wait(entries: &Entries) -> Duration {
+    (entries.visibility / 4).min(Duration::from_secs(1))
+}
+
+/// How much longer than a read's wait its answer may take to come back.
+const READ_MARGIN: Duration = Duration::from_secs(2);
+
+/// The stream id before every entry: where a pass through the pending entries starts, and what
+/// `XAUTOCLAIM` answers once it is through.
+const START: &str = "0-0";
+
 /// `duration` in whole milliseconds.
 fn millis(duration: Duration) -> usize {
     usize::try_from(duration.as_millis()).unwrap_or(usize::MAX)
@@ -233,7 +253,12 @@ impl RedisStreamSourceBuilder {
 
     /// Opens the connections and creates the group unless it is there.
     pub async fn build(self) -> Result<RedisStreamSource, SourceError> {
-        let mut reads = ConnectionManager::new(self.client.clone()).await?;
+        // A read blocks for up to a second: its answer may take that long, and longer than the
+        // client's default response timeout.
+        let reads_config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(read_wait(&self.entries) + READ_MARGIN));
+        let mut reads =
+            ConnectionManager::new_with_config(self.client.clone(), reads_config).await?;
         let acks = ConnectionManager::new(self.client).await?;
         let entries = &self.entries;
         let created: redis::RedisResult<()> = reads
@@ -250,6 +275,7 @@ impl RedisStreamSourceBuilder {
             headers: self.headers,
             ready: VecDeque::new(),
             last_claim: None,
+            claim_from: START.to_owned(),
         })
     }
 }
