@@ -327,7 +327,7 @@ macro_rules! hardening_suite {
             assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not missing, it waits for its retry");
             let stream = inbox::Stream { consumer: inbox.consumer(), handler: "strict", aggregate: "o-1" };
             let mut tx = pool.begin().await.unwrap();
-            let buried = inbox::storage::streams::bury_gap(&mut tx, &stream, 1).await.unwrap();
+            let buried = inbox::storage::streams::bury_gap(&mut tx, &stream, 1, 0.0).await.unwrap();
             assert_eq!(buried, None, "checked again under the stream lock");
             tx.rollback().await.unwrap();
 
@@ -335,6 +335,25 @@ macro_rules! hardening_suite {
             sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET retry_at_ms = 0 WHERE status = 'failed'")).execute(&pool).await.unwrap();
             assert_eq!(inbox.replay_requested().await.unwrap(), 1);
             assert_eq!(applied(&pool, "strict").await, ["p-1", "p-2", "p-3"], "#3 was released behind #2");
+        }
+
+        #[tokio::test]
+        async fn a_gap_is_checked_overdue_again_under_the_stream_lock() {
+            // The gap an expiry found overdue may have filled before the stream was locked, and
+            // a new message parked behind a new gap: that one is fresh, and is spared.
+            let Some(pool) = database("fresh_gap_spared").await else { return };
+            let inbox = builder(&pool).handler(pay_strict).build().await.unwrap();
+            let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "none"));
+            inbox.dispatch(&delivery(1)).await.unwrap();
+            assert_eq!(inbox.dispatch(&delivery(3)).await.unwrap()[0].outcome, Outcome::Parked);
+
+            let stream = inbox::Stream { consumer: inbox.consumer(), handler: "strict", aggregate: "o-1" };
+            let mut tx = pool.begin().await.unwrap();
+            let buried = inbox::storage::streams::bury_gap(&mut tx, &stream, 1, 3600.0).await.unwrap();
+            assert_eq!(buried, None, "#3 parked just now: not an hour ago");
+            let buried = inbox::storage::streams::bury_gap(&mut tx, &stream, 1, 0.0).await.unwrap();
+            assert_eq!(buried, Some((2, 1)), "overdue at once with no timeout");
+            tx.rollback().await.unwrap();
         }
 
         #[tokio::test]

@@ -952,7 +952,7 @@ pub async fn expire_gaps<DB: Backend>(
         };
         let mut tx = DB::begin(pool).await?;
         let last = streams::lock(&mut tx, &stream).await?;
-        let buried = streams::bury_gap(&mut tx, &stream, last).await?;
+        let buried = streams::bury_gap(&mut tx, &stream, last, timeout.as_secs_f64()).await?;
         tx.commit().await?;
         if let Some((missing_sequence, messages)) = buried {
             tracing::warn!(

@@ -232,6 +232,9 @@ pub struct StreamSql {
     pub bury_parked: &'static str,
     /// A handler's aggregates parked behind a gap for too long ([`streams::overdue_gaps`]).
     pub overdue_gaps: &'static str,
+    /// How many of a stream's parked messages have waited longer than a timeout
+    /// ([`streams::bury_gap`]).
+    pub parked_overdue: &'static str,
 }
 
 /// The statements operators run.

@@ -27,8 +27,8 @@ use sqlx::migrate::Migrator;
 
 use super::operators::RecordSql;
 use super::postgres::{
-    first_of_aggregate, overdue_gaps, parked_streams, releasable, select_actions, select_conflicts,
-    select_kept_rejected, select_outbox, select_stored,
+    first_of_aggregate, overdue_gaps, parked_overdue, parked_streams, releasable, select_actions,
+    select_conflicts, select_kept_rejected, select_outbox, select_stored,
 };
 use super::schema;
 use super::{
@@ -201,6 +201,12 @@ const SQL: Statements = Statements {
         bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = ?, dead_reason = 'gap_timeout' \
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked'",
         overdue_gaps: overdue_gaps!(
+            "?",
+            "?",
+            "NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND"
+        ),
+        parked_overdue: parked_overdue!(
+            "?",
             "?",
             "?",
             "NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND"

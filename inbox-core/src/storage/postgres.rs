@@ -268,6 +268,24 @@ macro_rules! overdue_gaps {
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(super) use overdue_gaps;
 
+/// How many of a stream's parked messages arrived at `$older_than` (of the fourth parameter) or before.
+macro_rules! parked_overdue {
+    ($consumer:literal, $handler:literal, $aggregate:literal, $older_than:literal) => {
+        concat!(
+            "SELECT COUNT(*) FROM inbox_messages WHERE consumer = ",
+            $consumer,
+            " AND handler = ",
+            $handler,
+            " AND aggregate_id = ",
+            $aggregate,
+            " AND status = 'parked' AND received_at <= ",
+            $older_than
+        )
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) use parked_overdue;
+
 /// PostgreSQL's statements.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(super) const SQL: Statements = Statements {
@@ -364,6 +382,7 @@ pub(super) const SQL: Statements = Statements {
         bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = $1, dead_reason = 'gap_timeout' \
             WHERE consumer = $2 AND handler = $3 AND aggregate_id = $4 AND status = 'parked'",
         overdue_gaps: overdue_gaps!("$1", "$2", "now() - make_interval(secs => $3)"),
+        parked_overdue: parked_overdue!("$1", "$2", "$3", "now() - make_interval(secs => $4)"),
     },
     operators: OperatorSql {
         rejected: "SELECT id, message_type, delivery_id, payload, headers, reason FROM inbox_rejected \

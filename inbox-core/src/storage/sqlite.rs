@@ -14,7 +14,7 @@ use sqlx::migrate::Migrator;
 use super::operators::RecordSql;
 use super::postgres::{
     self, conflict_by_id, first_of_aggregate, kept_rejected, message_actions, open_conflicts,
-    overdue_gaps, parked_streams, rejected_actions, rejected_by_id, select_actions,
+    overdue_gaps, parked_overdue, parked_streams, rejected_actions, rejected_by_id, select_actions,
     select_conflicts, select_kept_rejected, select_outbox, select_stored,
 };
 use super::{
@@ -50,6 +50,12 @@ const SQL: Statements = Statements {
     },
     streams: StreamSql {
         overdue_gaps: overdue_gaps!("$1", "$2", "datetime('now', '-' || $3 || ' seconds')"),
+        parked_overdue: parked_overdue!(
+            "$1",
+            "$2",
+            "$3",
+            "datetime('now', '-' || $4 || ' seconds')"
+        ),
         ..postgres::SQL.streams
     },
     operators: OperatorSql {

@@ -185,13 +185,16 @@ pub async fn overdue_gaps<DB: Backend>(
 }
 
 /// On a locked stream at `last`: if its lowest parked message is still behind a gap (and the
-/// missing message is not `failed`, waiting for its retry), marks all its parked messages dead
-/// with the reason "gap timeout at sequence n" (n = `last + 1`, the missing one). Returns
-/// `(n, messages)`, or `None` if the gap has filled meanwhile.
+/// missing message is not `failed`, waiting for its retry), and a parked message has waited
+/// longer than `timeout_secs` (a gap that filled meanwhile, followed by a new one, is fresh),
+/// marks all its parked messages dead with the reason "gap timeout at sequence n" (n =
+/// `last + 1`, the missing one). Returns `(n, messages)`, or `None` if the gap has filled or is
+/// not overdue.
 pub async fn bury_gap<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     stream: &Stream<'_>,
     last: i64,
+    timeout_secs: f64,
 ) -> Result<Option<(i64, i64)>, sqlx::Error> {
     let (first, parked) = parked_range(tx, stream).await?;
     let missing = last.saturating_add(1);
@@ -199,6 +202,12 @@ pub async fn bury_gap<DB: Backend>(
         return Ok(None);
     }
     let sql = DB::SQL.streams;
+    let overdue = and(stream, Param::Real(timeout_secs));
+    let overdue: i64 =
+        sql::fetch_one::<DB, i64>(sql::conn(tx), sql.parked_overdue, &overdue).await?;
+    if overdue == 0 {
+        return Ok(None);
+    }
     let params = and(stream, Param::Int(missing));
     let retrying: i64 =
         sql::fetch_one::<DB, i64>(sql::conn(tx), sql.retrying_sequence, &params).await?;
