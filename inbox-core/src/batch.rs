@@ -17,12 +17,13 @@
 //! The batch is optimistic: as long as every message is kept or found seen before, nothing needs
 //! undoing. When a handler fails, the whole transaction is rolled back and the batch is
 //! [`Abandoned::Failed`]: the caller records that message's failure ([`conclude`], its
-//! handler is not run again for this attempt) and guards the others again, in a new batch. When
-//! the database refuses a statement or the commit, or a handler left the transaction aborted
-//! (found by the check before the commit, or by the next statement, refused with an error that
-//! says so), the batch is [`Abandoned::Refused`] and each of its messages goes in a transaction
-//! of its own, where the handler that left its transaction aborted is found out. So one message's failure neither commits nor
-//! loses the others' work, and a batch costs no statement per message beyond the per-message
+//! handler is not run again for this attempt) and guards the others again: those before it in a
+//! batch that commits before the failure is recorded (as one transaction per message would), then
+//! those after it. When the database refuses a statement or the commit, or a handler left the
+//! transaction aborted (found by the check before the commit, or by the next statement, refused
+//! with an error that says so), the batch is [`Abandoned::Refused`] and each of its messages goes
+//! in a transaction of its own, where the handler that left its transaction aborted is found
+//! out. So one message's failure neither commits nor loses the others' work, and a batch costs no statement per message beyond the per-message
 //! ones (a savepoint per message would cost two more round trips, and on PostgreSQL more than 64
 //! written savepoints in one transaction overflow its subtransaction cache). The price: when a
 //! message of a batch fails, the handlers that ran before it in the batch run again, their first
@@ -88,7 +89,8 @@ pub struct Staged {
 #[derive(Debug)]
 pub enum Abandoned {
     /// The handler of the message being guarded failed with this error: record it with
-    /// [`conclude`] (as [`InBatch::Failed`]), and guard the batch's other messages again.
+    /// [`conclude`] (as [`InBatch::Failed`]), and guard the batch's other messages again (those
+    /// before it first, committed before the failure is recorded).
     Failed(HandlerError),
     /// The database refused a statement or the commit: handle each of the batch's messages again,
     /// each in a transaction of its own (with [`crate::process`]).
