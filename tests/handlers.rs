@@ -243,6 +243,17 @@ macro_rules! handlers_suite {
         }
 
         #[tokio::test]
+        async fn a_consumer_name_longer_than_the_tables_keep_is_refused_at_build() {
+            let Some(pool) = database("long_consumer").await else { return };
+            let build = |consumer: String| builder(&pool).consumer(consumer).handler(count_tenant_event).build();
+
+            let error = build("é".repeat(101)).await.err().unwrap();
+            assert!(matches!(error, inbox::BuildError::ConsumerTooLong(101)), "{error}");
+            assert!(error.to_string().contains("at most 100"), "{error}");
+            build("é".repeat(100)).await.expect("100 characters fit, however many bytes");
+        }
+
+        #[tokio::test]
         async fn migrations_are_idempotent_and_kept_apart_from_the_application() {
             let Some(pool) = database("migrations_apart").await else { return };
 

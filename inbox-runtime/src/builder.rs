@@ -168,6 +168,10 @@ impl<DB: Backend> Settings<DB> {
         if self.consumer.trim().is_empty() {
             return Err(BuildError::EmptyConsumer);
         }
+        let length = self.consumer.chars().count();
+        if length > crate::registry::MAX_CONSUMER_CHARS {
+            return Err(BuildError::ConsumerTooLong(length));
+        }
         let registry = Registry::new(self.routes)?;
         self.retry.check(&registry)?;
         inbox_core::storage::schema::check(&self.pool)

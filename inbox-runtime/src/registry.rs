@@ -7,6 +7,9 @@ use inbox_core::{Backend, Envelope, Error, Ordering};
 
 use crate::route::{Job, Route};
 
+/// The longest consumer name the inbox tables keep, in characters.
+pub(crate) const MAX_CONSUMER_CHARS: usize = 100;
+
 /// An error in how an inbox was put together, found by [`crate::InboxBuilder::build`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -37,6 +40,14 @@ pub enum BuildError {
     /// The consumer name is empty.
     #[error("the consumer name is empty; name the consumer group, like `.consumer(\"billing\")`")]
     EmptyConsumer,
+
+    /// The consumer name is longer than the inbox tables keep (MySQL's key columns hold 100
+    /// characters; the limit is the same on every database).
+    #[error(
+        "the consumer name is {0} characters long; the inbox keeps names of at most {max}, so shorten it",
+        max = MAX_CONSUMER_CHARS
+    )]
+    ConsumerTooLong(usize),
 
     /// The inbox tables are missing or unreachable.
     #[error("the inbox schema is missing or unreachable ({0}); run `inbox::migrate(&pool)` first")]
