@@ -84,7 +84,8 @@ macro_rules! strict_suite {
             applied(pool, account).await.into_iter().map(|(sequence, _)| sequence).collect()
         }
 
-        /// `accounts` × `per_account` contiguous events, every third one delivered twice, shuffled.
+        /// `accounts` × `per_account` contiguous events, three of every seven delivered twice (30%
+        /// of the deliveries are duplicates), shuffled.
         fn shuffled_stream(accounts: usize, per_account: i64, seed: u64) -> (Vec<Credited>, usize) {
             let mut stream = Vec::new();
             let mut distinct = 0;
@@ -92,12 +93,14 @@ macro_rules! strict_suite {
                 for sequence in 1..=per_account {
                     let event = event(&format!("acct-{account}"), sequence);
                     distinct += 1;
-                    if distinct % 3 == 0 {
+                    if distinct % 7 < 3 {
                         stream.push(event.clone());
                     }
                     stream.push(event);
                 }
             }
+            let duplicates = stream.len() - distinct;
+            assert!(duplicates * 10 >= stream.len() * 3, "{duplicates} duplicates of {} deliveries", stream.len());
             $crate::common::shuffle(&mut stream, seed);
             (stream, distinct)
         }
