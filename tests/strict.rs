@@ -100,7 +100,8 @@ macro_rules! strict_suite {
                 }
             }
             let duplicates = stream.len() - distinct;
-            assert!(duplicates * 10 >= stream.len() * 3, "{duplicates} duplicates of {} deliveries", stream.len());
+            let percent = (duplicates * 100 + stream.len() / 2) / stream.len();
+            assert_eq!(percent, 30, "{duplicates} duplicates of {} deliveries", stream.len());
             $crate::common::shuffle(&mut stream, seed);
             (stream, distinct)
         }
