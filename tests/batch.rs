@@ -272,6 +272,31 @@ macro_rules! batch_suite {
         }
 
         #[tokio::test]
+        async fn a_batch_compares_ids_and_aggregates_byte_for_byte() {
+            let Some(pool) = database("batch_byte_for_byte").await else {
+                return;
+            };
+            let inbox = counting_inbox(&pool).await;
+            run_counted(&inbox, 0, &[("case", "acct-case", 1)]).await;
+
+            let deliveries = [
+                ("case ", "acct-case", 2),
+                ("CASE", "acct-case", 3),
+                ("other", "acct-case ", 1),
+                ("other ", "ACCT-CASE", 1),
+            ];
+            let report = run_counted(&inbox, 1, &deliveries).await;
+
+            assert_eq!(kinds(&report), [4, 0, 0, 0], "{report:?}");
+            let streams = [
+                last_sequence(&pool, "acct-case").await,
+                last_sequence(&pool, "acct-case ").await,
+                last_sequence(&pool, "ACCT-CASE").await,
+            ];
+            assert_eq!(streams, [3, 1, 1]);
+        }
+
+        #[tokio::test]
         async fn one_message_per_transaction_runs_every_handler_once() {
             let Some(pool) = database("batch_baseline").await else {
                 return;
@@ -658,4 +683,94 @@ async fn the_messages_before_a_failure_commit_before_it_is_recorded() {
         .await
         .unwrap();
     assert_eq!(written, ["a-1", "a-2", "a-4"]);
+}
+
+#[derive(Debug, Clone, inbox::prelude::Serialize, inbox::prelude::Deserialize, inbox::Message)]
+#[message(name = "batch.locking")]
+struct Locking {
+    id: String,
+    row: i32,
+}
+
+/// Takes the lock of its row of `deadlock_rows`, then writes its id.
+#[inbox::inbox_handler(key = "id", aggregate = "id", name = "locking")]
+async fn locking(tx: &mut sqlx::PgConnection, msg: Locking) -> Result<(), inbox::HandlerError> {
+    sqlx::query("UPDATE deadlock_rows SET n = n + 1 WHERE id = $1")
+        .bind(msg.row)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO written (id) VALUES ($1)")
+        .bind(&msg.id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Waits until a statement on `deadlock_rows` waits for a lock.
+async fn until_waiting_for_a_row_lock(pool: &sqlx::PgPool) {
+    let sql = "SELECT COUNT(*) FROM pg_stat_activity \
+               WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE deadlock_rows%'";
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(sql).fetch_one(pool).await.unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the batch never waited for the row lock");
+}
+
+/// A deadlock between a batch and another transaction is the batch's, not the failure of the
+/// message whose statement PostgreSQL chose to end it: the batch is refused and each message
+/// goes in a transaction of its own, where all of them are processed, none failed.
+#[tokio::test]
+async fn postgres_a_deadlock_in_a_batch_is_not_a_message_failure() {
+    use inbox::prelude::*;
+
+    let Some(pool) = common::postgres("batch_deadlock").await else {
+        return;
+    };
+    for ddl in [
+        "CREATE TABLE deadlock_rows (id INT PRIMARY KEY, n INT NOT NULL)",
+        "INSERT INTO deadlock_rows VALUES (1, 0), (2, 0)",
+        "CREATE TABLE written (id TEXT NOT NULL)",
+    ] {
+        sqlx::query(ddl).execute(&pool).await.unwrap();
+    }
+    let inbox = Inbox::builder(pool.clone())
+        .workers(1)
+        .batch(inbox::Batch::new(8).linger(std::time::Duration::from_millis(300)))
+        .handler(locking)
+        .build()
+        .await
+        .unwrap();
+    let broker = inbox::MemoryBroker::new();
+    for (id, row) in [("first", 1), ("second", 2)] {
+        let message = Locking { id: id.into(), row };
+        broker.publish(Envelope::encode(format!("delivery-{id}"), &message).unwrap());
+    }
+    broker.close();
+    // Another transaction holds row 2; the batch takes row 1, then waits for row 2.
+    let mut other = pool.begin().await.unwrap();
+    let take = |row: i32| sqlx::query("UPDATE deadlock_rows SET n = n + 1 WHERE id = $1").bind(row);
+    take(2).execute(&mut *other).await.unwrap();
+    let source = broker.source();
+    let run = tokio::spawn(async move { inbox.run(source).await });
+    until_waiting_for_a_row_lock(&pool).await;
+
+    // Asking for row 1 closes the cycle; the batch, waiting longer, is the one chosen to end it.
+    take(1).execute(&mut *other).await.unwrap();
+    other.commit().await.unwrap();
+    let report = run.await.unwrap().unwrap();
+
+    assert_eq!(report.batches_refused, 1, "{report:?}");
+    assert_eq!(
+        report.handler_calls_with(Outcome::Processed),
+        2,
+        "{report:?}"
+    );
+    let sql = "SELECT message_id || ':' || status FROM inbox_messages ORDER BY message_id";
+    let statuses: Vec<String> = sqlx::query_scalar(sql).fetch_all(&pool).await.unwrap();
+    assert_eq!(statuses, ["first:processed", "second:processed"]);
+    assert_eq!(broker.acked(), 2);
 }

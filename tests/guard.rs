@@ -129,6 +129,40 @@ macro_rules! guard_suite {
             assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(9));
         }
 
+        #[tokio::test]
+        async fn ids_and_aggregates_compare_byte_for_byte() {
+            let Some(pool) = ledger("byte_for_byte").await else {
+                return;
+            };
+
+            // Ids that differ in case or in trailing spaces are different messages.
+            assert_eq!(apply(&pool, "e-1", "acct", 1, 1).await, Outcome::Processed);
+            assert_eq!(apply(&pool, "e-1 ", "acct", 2, 2).await, Outcome::Processed);
+            assert_eq!(apply(&pool, "E-1", "acct", 3, 4).await, Outcome::Processed);
+            assert_eq!(
+                apply(&pool, "e-1  ", "acct", 4, 8).await,
+                Outcome::Processed
+            );
+            // So are aggregates: `acct ` has a stream of its own, at sequence 1.
+            assert_eq!(
+                apply(&pool, "e-2", "acct ", 1, 16).await,
+                Outcome::Processed
+            );
+            assert_eq!(apply(&pool, "e-3", "ACCT", 1, 32).await, Outcome::Processed);
+
+            assert_eq!(count(&pool, "applied").await, 6);
+            assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(4));
+            assert_eq!(last_sequence(&pool, "credit", "acct ").await, Some(1));
+            assert_eq!(last_sequence(&pool, "credit", "ACCT").await, Some(1));
+            for id in ["e-1", "e-1 ", "E-1", "e-1  "] {
+                assert_eq!(
+                    status(&pool, "credit", id).await.as_deref(),
+                    Some("processed"),
+                    "{id:?}"
+                );
+            }
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_first_events_of_a_new_aggregate_serialize() {
             let Some(pool) = ledger("concurrent_first_events").await else {

@@ -21,9 +21,11 @@
 //! batch that commits before the failure is recorded (as one transaction per message would), then
 //! those after it. When the database refuses a statement or the commit, or a handler left the
 //! transaction aborted (found by the check before the commit, or by the next statement, refused
-//! with an error that says so), the batch is [`Abandoned::Refused`] and each of its messages goes
-//! in a transaction of its own, where the handler that left its transaction aborted is found
-//! out. So one message's failure neither commits nor loses the others' work, and a batch costs no statement per message beyond the per-message
+//! with an error that says so), or a handler's statement was chosen to end a deadlock or a
+//! serialization conflict, the batch is [`Abandoned::Refused`] and each of its messages goes in a
+//! transaction of its own, where the handler that left its transaction aborted is found out, and
+//! a conflict is the one message's own. So one message's failure neither commits nor loses the
+//! others' work, and a batch costs no statement per message beyond the per-message
 //! ones (a savepoint per message would cost two more round trips, and on PostgreSQL more than 64
 //! written savepoints in one transaction overflow its subtransaction cache). The price: when a
 //! message of a batch fails, the handlers that ran before it in the batch run again, their first
@@ -446,11 +448,12 @@ fn claim_of<'a>(consumer: &'a str, entry: &Entry<'a>, payload_hash: &'a [u8]) ->
 }
 
 /// What a handler's failure does to its batch: it is that message's failure, unless the
-/// handler's statement was refused because an earlier handler of the batch had left the
-/// transaction aborted; then each message goes in a transaction of its own, where the handler
-/// that went on from its failed statement is found out.
+/// handler's statement was refused for the batch's transaction: left aborted by an earlier
+/// handler of the batch, or chosen to end a deadlock or serialization conflict over the locks the
+/// batch holds. Then each message goes in a transaction of its own, where the handler that went
+/// on from its failed statement is found out, and a conflict is one message's own.
 fn abandoned_by(error: HandlerError) -> Abandoned {
-    match messages::refused_as_aborted(error.get_ref()) {
+    match messages::refused_for_its_transaction(error.get_ref()) {
         true => Abandoned::Refused,
         false => Abandoned::Failed(error),
     }

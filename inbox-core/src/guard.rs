@@ -250,7 +250,7 @@ pub(crate) enum OpenCheck {
     /// Right after the handler: a message in a transaction of its own.
     AfterHandler,
     /// Once, before the transaction commits: a batch's. Until then, the next statement in an
-    /// aborted transaction fails, with an error that says so ([`messages::refused_as_aborted`]).
+    /// aborted transaction fails, with an error that says so ([`messages::refused_for_its_transaction`]).
     BeforeCommit,
 }
 

@@ -120,9 +120,10 @@ pub struct RunReport {
     pub not_due: u64,
     /// Times the source failed to yield a delivery; the run asked it again after a growing delay.
     pub source_errors: u64,
-    /// Batches the database refused (a statement, the commit, or a handler that left the
-    /// transaction aborted): their messages went one per transaction instead, each with its own
-    /// outcome. Also counted in `inbox_batches_refused_total`.
+    /// Batches the database refused (a statement, the commit, a handler that left the
+    /// transaction aborted, or a deadlock or serialization conflict): their messages went one per
+    /// transaction instead, each with its own outcome. Also counted in
+    /// `inbox_batches_refused_total`.
     pub batches_refused: u64,
 }
 

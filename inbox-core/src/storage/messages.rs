@@ -290,17 +290,19 @@ pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(),
     Ok(())
 }
 
-/// Whether `error`, or an error it was caused by, is a statement refused because an earlier
-/// statement had already aborted the transaction (PostgreSQL's SQLSTATE `25P02`): the failure of
-/// whoever went on from that earlier statement, not of the one that got this error.
-pub fn refused_as_aborted(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `error`, or an error it was caused by, is a statement refused for the transaction it
+/// ran in rather than for itself: because an earlier statement had already aborted it
+/// (PostgreSQL's SQLSTATE `25P02`: the failure of whoever went on from that earlier statement),
+/// or because it was chosen to end a deadlock or a serialization conflict (`40P01`, `40001`,
+/// MySQL's deadlock included), which a transaction holding many messages' locks invites.
+pub fn refused_for_its_transaction(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(error);
     while let Some(error) = cause {
         let code = match error.downcast_ref::<sqlx::Error>() {
             Some(sqlx::Error::Database(database)) => database.code(),
             _ => None,
         };
-        if code.as_deref() == Some("25P02") {
+        if matches!(code.as_deref(), Some("25P02" | "40P01" | "40001")) {
             return true;
         }
         cause = error.source();

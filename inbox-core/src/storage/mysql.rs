@@ -55,12 +55,14 @@ macro_rules! select_stored_utc {
 }
 
 /// A text column of a batch's rows: as long as any value sent (the column it goes to refuses
-/// what is too long for it, where `JSON_TABLE` would cut it short), compared byte for byte.
+/// what is too long for it, where `JSON_TABLE` would cut it short). It has the character set's
+/// default collation, so a comparison with a table's column takes that column's binary NO PAD
+/// one (a `_bin` collation wins over a `_ci` one): byte for byte, and by the column's index.
 macro_rules! text_column {
     ($name:literal) => {
         concat!(
             $name,
-            " VARCHAR(2048) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$.",
+            " VARCHAR(2048) CHARACTER SET utf8mb4 PATH '$.",
             $name,
             "'"
         )
@@ -86,7 +88,7 @@ macro_rules! batch_rows {
 macro_rules! consumer_rows_then {
     ($table:literal, $($column:expr),+) => {
         concat!(
-            "(SELECT CONVERT(? USING utf8mb4) COLLATE utf8mb4_bin AS consumer) AS c STRAIGHT_JOIN ",
+            "(SELECT CONVERT(? USING utf8mb4) AS consumer) AS c STRAIGHT_JOIN ",
             batch_rows!($($column),+),
             " STRAIGHT_JOIN ",
             $table
@@ -475,6 +477,7 @@ impl Backend for MySql {
             include_str!("../../migrations/mysql/0003_actions.sql"),
             include_str!("../../migrations/mysql/0004_conflicts.sql"),
             include_str!("../../migrations/mysql/0005_retention.sql"),
+            include_str!("../../migrations/mysql/0006_no_pad.sql"),
         )
     }
 }
