@@ -509,6 +509,50 @@ mod rabbitmq_broker {
         let envelope = delivery.envelope();
         assert_eq!(envelope.correlation_id(), Some("c-7"), "{envelope:?}");
     }
+
+    /// A failure the inbox recorded is retried from its store, so its delivery is settled at
+    /// once: held for its backoff, it would take a prefetch slot, and as many failing messages as
+    /// the prefetch would stop the consumer.
+    #[tokio::test]
+    async fn a_recorded_failure_does_not_hold_a_prefetch_slot() {
+        use inbox::prelude::*;
+
+        let Some(broker) = RabbitMq::new("amqp_recorded_failure").await else {
+            return;
+        };
+        let pool = crate::ledger("amqp_recorded_failure")
+            .await
+            .expect("SQLite");
+        crate::freeze(&pool, "frozen", true).await;
+        for event in [
+            crate::Credited::new("e-1", "frozen", 1, 5),
+            crate::Credited::new("e-2", "acct", 1, 7),
+        ] {
+            broker
+                .publish(&crate::envelope(&event))
+                .await
+                .expect("publish");
+        }
+        let an_hour = Duration::from_secs(3_600);
+        let inbox = Inbox::builder(pool.clone())
+            .retry(inbox::RetryPolicy::new(5).backoff(an_hour, an_hour))
+            .handler(crate::credit)
+            .build()
+            .await
+            .unwrap();
+        let one_at_a_time = AmqpSource::builder(&broker.connection, &broker.queue).prefetch(1);
+        let source = one_at_a_time.build().await.expect("build the source");
+
+        let report = crate::run_until_applied(&inbox, &pool, source, 1).await;
+
+        assert_eq!(crate::balance(&pool, "acct").await, 7, "{report:?}");
+        let failed = crate::status(&pool, "credit", "e-1").await;
+        assert_eq!(
+            failed.as_deref(),
+            Some("failed"),
+            "kept for the store's retry"
+        );
+    }
 }
 
 #[cfg(feature = "redis")]

@@ -5,9 +5,9 @@
 //! - **Nack with delay**: the delivery is held for the delay, then `basic.nack` with requeue.
 //!   Holding it needs no topology of the user's (a retry queue with a TTL and a dead-letter
 //!   exchange would); it keeps its prefetch slot meanwhile, and a crash during the delay requeues
-//!   it at once, which is only early. Failures the inbox has recorded are retried from the
-//!   database anyway, so the broker's delay matters only for deliveries that could not be handled
-//!   at all (the database down).
+//!   it at once, which is only early. Only deliveries that could not be handled at all (the
+//!   database down) are handed back so: a failure the inbox recorded is acknowledged at once and
+//!   retried from the database, so that failing messages never hold the prefetch.
 //! - **A crash** (a delivery never settled): the channel closes with the process (or when the
 //!   source is dropped), and RabbitMQ requeues what it had not acknowledged.
 //! - **Long handlers** need nothing: RabbitMQ takes nothing back from a live channel (mind the
@@ -256,6 +256,16 @@ impl Acknowledge for AmqpAcker {
         };
         tokio::spawn(handed_back);
         Box::pin(async { Ok(()) })
+    }
+
+    /// Acknowledged at once: the inbox retries the failure it recorded from its own store when
+    /// `delay` has passed. Held for the delay, the delivery would take a prefetch slot meanwhile,
+    /// and as many failing messages as the prefetch would stop the consumer.
+    fn retry_later(
+        self: Box<Self>,
+        _delay: Duration,
+    ) -> BoxFuture<'static, Result<(), SourceError>> {
+        self.ack()
     }
 }
 
