@@ -291,7 +291,7 @@ pub use inbox_runtime::*;
 /// ```
 pub mod outbox {
     pub use inbox_core::outbox::*;
-    pub use inbox_runtime::relay::{Relay, RelayBatch, RelayReport, Route};
+    pub use inbox_runtime::relay::{Outbox, Relay, RelayBatch, RelayReport, Route};
 }
 
 /// Everything a handler module needs: `use inbox::prelude::*;`.

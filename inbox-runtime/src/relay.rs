@@ -32,6 +32,30 @@ use crate::source::{Sink, SinkError};
 /// Where the relay publishes a message: a function of the message.
 pub type Route = Arc<dyn Fn(&OutboxMessage) -> String + Send + Sync>;
 
+/// The outbox, as a name to start from: [`Outbox::relay`] is [`Relay::new`].
+#[derive(Debug, Clone, Copy)]
+pub struct Outbox;
+
+impl Outbox {
+    /// A relay of the outbox in `pool` to `sink`: the same as [`Relay::new`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), inbox::Error> {
+    /// use inbox::MemoryBroker;
+    /// use inbox::outbox::Outbox;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// inbox::migrate(&pool).await?;
+    /// let relay = Outbox::relay(pool, MemoryBroker::new());
+    /// assert_eq!(relay.publish_batch().await?.published, 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn relay<DB: Backend, S: Sink>(pool: Pool<DB>, sink: S) -> Relay<DB, S> {
+        Relay::new(pool, sink)
+    }
+}
+
 /// Publishes the outbox through a [`Sink`].
 ///
 /// ```
