@@ -156,7 +156,7 @@ macro_rules! hardening_suite {
         }
 
         /// Dispatches `envelope` once its retry is due, as a broker honouring the delay would.
-        async fn dispatch_due(inbox: &Inbox<$db>, envelope: &Envelope) -> Result<Vec<inbox::Handled>, Error> {
+        async fn dispatch_due(inbox: &Inbox<$db>, envelope: &Envelope) -> Result<inbox::Dispatched, Error> {
             loop {
                 match inbox.dispatch(envelope).await {
                     Err(Error::RetryNotDue { retry_after, .. }) => tokio::time::sleep(retry_after).await,

@@ -69,6 +69,18 @@ macro_rules! runtime_suite {
         }
 
         #[tokio::test]
+        async fn dispatch_of_one_handler_reads_as_its_outcome() {
+            let Some(pool) = ledger("dispatch_one_outcome").await else { return };
+            let inbox = builder(&pool).handler(credit).build().await.unwrap();
+            let paid = envelope(&Credited::new("e-1", "acct", 1, 30));
+
+            assert_eq!(inbox.dispatch(paid.clone()).await.unwrap(), Outcome::Processed);
+            let again = inbox.dispatch(&paid).await.unwrap();
+            assert_eq!(again.outcome(), Some(Outcome::Duplicate));
+            assert_eq!(balance(&pool, "acct").await, 30);
+        }
+
+        #[tokio::test]
         async fn the_report_counts_deliveries_apart_from_handler_calls() {
             let Some(pool) = ledger("report_deliveries").await else { return };
             let inbox = builder(&pool).handler(credit).handler(audit).build().await.unwrap();

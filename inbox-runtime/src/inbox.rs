@@ -1,5 +1,6 @@
 //! The runtime: dispatch of one envelope, and the worker loop over a source.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use inbox_core::batch::{Abandoned, InBatch, Staged};
 use crate::batch::Batch;
 use crate::builder::{InboxBuilder, Retry};
 use crate::registry::Registry;
-use crate::route::{Handled, Job};
+use crate::route::{Dispatched, Handled, Job};
 use crate::source::{Source, SourceError};
 use crate::worker;
 
@@ -204,8 +205,14 @@ impl<DB: Backend> Inbox<DB> {
     /// Every handler runs even if another fails; the first failure is returned (a handler failure
     /// is recorded, see [`Error::Handler`]), and redelivering the envelope retries the failed
     /// handlers while the others report [`Outcome::Duplicate`].
-    pub async fn dispatch(&self, envelope: &Envelope) -> Result<Vec<Handled>, Error> {
-        self.shared.dispatch(envelope).await
+    ///
+    /// Takes the envelope by value or by reference.
+    pub async fn dispatch(
+        &self,
+        envelope: impl Borrow<Envelope> + Send,
+    ) -> Result<Dispatched, Error> {
+        let handled = self.shared.dispatch(envelope.borrow()).await?;
+        Ok(Dispatched::from(handled))
     }
 
     /// Releases, for every strict handler, the parked messages whose predecessor has applied: what
@@ -365,7 +372,7 @@ impl<DB: Backend> Inbox<DB> {
         id: i64,
         by: &str,
         reason: &str,
-    ) -> Result<Vec<Handled>, Error> {
+    ) -> Result<Dispatched, Error> {
         let shared = &self.shared;
         let delivery = operators::rejected_one(&shared.pool, &shared.consumer, id)
             .await?

@@ -22,7 +22,7 @@ pub use health::{Health, SOURCE_FAILING_LIMIT, SourceHealth};
 pub use inbox::{Inbox, RunError, RunReport, UnknownTypes};
 pub use inbox_core::storage::health::Backlog;
 pub use registry::BuildError;
-pub use route::Handled;
+pub use route::{Dispatched, Handled};
 #[cfg(feature = "amqp")]
 pub use source::amqp;
 #[cfg(feature = "kafka")]

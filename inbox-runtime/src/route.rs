@@ -22,6 +22,86 @@ pub struct Handled {
     pub released: u32,
 }
 
+/// What [`Inbox::dispatch`](crate::Inbox::dispatch) did with one envelope: each handler of its
+/// type, in the order they were registered, with its outcome. It reads as a slice of
+/// [`Handled`], and compares equal to an [`Outcome`] when every handler came to that outcome.
+///
+/// ```
+/// use inbox::{Dispatched, Handled, Outcome};
+///
+/// let credit = Handled { handler: "credit", outcome: Outcome::Processed, released: 0 };
+/// let audit = Handled { handler: "audit", outcome: Outcome::Duplicate, released: 0 };
+/// let one = Dispatched::from(vec![credit]);
+/// assert_eq!(one, Outcome::Processed);
+/// assert_eq!(one.outcome(), Some(Outcome::Processed));
+///
+/// let two = Dispatched::from(vec![credit, audit]);
+/// assert_eq!(two.outcome(), None, "the handlers came to different outcomes");
+/// assert_eq!(two[1].outcome, Outcome::Duplicate);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatched {
+    handled: Vec<Handled>,
+}
+
+impl Dispatched {
+    /// The outcome every handler came to, or `None` when they came to different ones.
+    pub fn outcome(&self) -> Option<Outcome> {
+        let first = self.handled.first()?.outcome;
+        let agreed = self.handled.iter().all(|handled| handled.outcome == first);
+        agreed.then_some(first)
+    }
+
+    /// Each handler with its outcome.
+    pub fn into_handled(self) -> Vec<Handled> {
+        self.handled
+    }
+}
+
+impl From<Vec<Handled>> for Dispatched {
+    fn from(handled: Vec<Handled>) -> Self {
+        Self { handled }
+    }
+}
+
+impl std::ops::Deref for Dispatched {
+    type Target = [Handled];
+
+    fn deref(&self) -> &[Handled] {
+        &self.handled
+    }
+}
+
+impl PartialEq<Outcome> for Dispatched {
+    fn eq(&self, outcome: &Outcome) -> bool {
+        self.outcome() == Some(*outcome)
+    }
+}
+
+impl PartialEq<Dispatched> for Outcome {
+    fn eq(&self, dispatched: &Dispatched) -> bool {
+        dispatched == self
+    }
+}
+
+impl IntoIterator for Dispatched {
+    type Item = Handled;
+    type IntoIter = std::vec::IntoIter<Handled>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.handled.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Dispatched {
+    type Item = &'a Handled;
+    type IntoIter = std::slice::Iter<'a, Handled>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.handled.iter()
+    }
+}
+
 /// A registered handler, without its message type.
 pub(crate) trait Route<DB: Backend>: Send + Sync {
     fn name(&self) -> &'static str;
