@@ -4,7 +4,8 @@
 //! credits each order's balance. The broker delivers *at least once*: it re-sends events, and it
 //! does not keep them in order. The handler is a plain `async fn` with one SQL statement;
 //! `#[inbox_handler]` runs it in a transaction that also records the event id (a re-sent event is
-//! a `Duplicate`: nothing runs) and guards the order's sequence.
+//! a `Duplicate`: nothing runs; one re-sent with other content under its id is a `Conflict`, kept
+//! for an operator and never applied) and guards the order's sequence.
 //!
 //! Three passes deliver the same events, with the same re-sends, and print a row each:
 //!   1. monotonic ordering (the default), shuffled: an event not newer than the last one applied to
@@ -44,6 +45,9 @@ struct PaymentReceived {
     order_id: String,
     sequence: i64,
     amount: i64,
+    /// How it was paid. The ledger does not use it, but it is content: a re-send with another
+    /// method under the same event id is a `Conflict`, never applied.
+    method: String,
 }
 
 /// The statements this example runs itself, as one database spells them.
@@ -52,7 +56,7 @@ struct LedgerSql {
     /// counts applied payments, so a payment applied twice would show.
     credit: &'static str,
     /// Each pass starts clean: this consumer's inbox rows are deleted.
-    forget: [&'static str; 2],
+    forget: [&'static str; 3],
     /// Afterwards, the database's own record: the inbox's verdict per event.
     records: &'static str,
 }
@@ -65,6 +69,7 @@ const STANDARD_SQL: LedgerSql = LedgerSql {
     forget: [
         "DELETE FROM inbox_messages WHERE consumer = $1",
         "DELETE FROM inbox_streams WHERE consumer = $1",
+        "DELETE FROM inbox_conflicts WHERE consumer = $1",
     ],
     records: "SELECT message_id, status FROM inbox_messages WHERE consumer = $1 AND handler = $2",
 };
@@ -77,6 +82,7 @@ const MYSQL_SQL: LedgerSql = LedgerSql {
     forget: [
         "DELETE FROM inbox_messages WHERE consumer = ?",
         "DELETE FROM inbox_streams WHERE consumer = ?",
+        "DELETE FROM inbox_conflicts WHERE consumer = ?",
     ],
     records: "SELECT message_id, status FROM inbox_messages WHERE consumer = ? AND handler = ?",
 };
@@ -230,7 +236,7 @@ const PASSES: [Pass; 3] = [
 ];
 
 const CONSUMER: &str = "quickstart";
-const ORDERS: u64 = 150;
+const ORDERS: u64 = 300;
 // Each pass starts clean: the ledger is recreated (the same words on every database).
 const RESET: [&str; 2] = [
     "DROP TABLE IF EXISTS quickstart_ledger",
@@ -344,7 +350,7 @@ where
 
     print_table(&results, total(events));
     print_example(events, &shuffled);
-    Ok(print_verdicts(&results, events, &shuffled))
+    Ok(print_verdicts(&results, events))
 }
 
 /// The payments' plain sum: what the ledger holds if every payment is credited once.
@@ -415,9 +421,11 @@ struct Ran {
 }
 
 /// The outcome table's columns after the pass's title.
-const COLUMNS: [&str; 7] = [
+const COLUMNS: [&str; 9] = [
     "deliveries",
+    "processed",
     "duplicate",
+    "conflict",
     "stale",
     "parked",
     "released",
@@ -426,8 +434,10 @@ const COLUMNS: [&str; 7] = [
 ];
 
 /// What the outcome table's words mean.
-const LEGEND: [&str; 5] = [
-    "duplicate  a re-send: its event id is recorded already, nothing runs",
+const LEGEND: [&str; 7] = [
+    "processed  applied when it came",
+    "duplicate  a re-send: its event id is recorded already with this content, nothing runs",
+    "conflict   a re-send under a recorded event id with other content: never applied, kept",
     "stale      not newer than the last payment applied to its order: recorded, skipped",
     "parked     strict only: ahead of a missing predecessor, kept until the gap fills",
     "released   a parked payment applied once its predecessor had",
@@ -436,7 +446,7 @@ const LEGEND: [&str; 5] = [
 
 /// The outcome table: a row per pass, then what its words mean.
 fn print_table(results: &[Ran], total: i64) {
-    let cells = |values: [String; 7]| -> String {
+    let cells = |values: [String; 9]| -> String {
         let cells = values.iter().zip(COLUMNS);
         cells
             .map(|(v, c)| format!("{v:>w$}", w = c.len() + 2))
@@ -451,14 +461,16 @@ fn print_table(results: &[Ran], total: i64) {
         let c = &ran.counts;
         let row = [
             c.deliveries,
+            c.processed,
             c.duplicates,
+            c.conflicts,
             c.stale,
             c.parked,
             c.released,
             c.applied(),
         ];
-        let [a, b, c, d, e, f] = row.map(|n| n.to_string());
-        let row = cells([a, b, c, d, e, f, ran.ledger.to_string()]);
+        let [a, b, c, d, e, f, g, h] = row.map(|n| n.to_string());
+        let row = cells([a, b, c, d, e, f, g, h, ran.ledger.to_string()]);
         let versus = match total - ran.ledger {
             0 => "exact".to_string(),
             short if short > 0 => format!("short by {short}"),
@@ -561,7 +573,7 @@ fn check(
 }
 
 /// The outcome counts are those of a replay of the guard's rules over the delivery stream:
-/// no conflict, no failure, every delivery acknowledged.
+/// no failure, every delivery acknowledged.
 fn check_counts(counts: &Counts, rules: &Replay) -> Vec<String> {
     let n = counts.deliveries;
     let expected = Counts {
@@ -571,7 +583,7 @@ fn check_counts(counts: &Counts, rules: &Replay) -> Vec<String> {
         duplicates: rules.duplicates,
         stale: rules.stale,
         parked: rules.parked,
-        conflicts: 0,
+        conflicts: rules.conflicts,
         failed: 0,
         acked: n,
     };
@@ -616,16 +628,17 @@ fn check_records(
 }
 
 /// Why each pass ended as it did, then whether every pass is what the guard's rules say.
-fn print_verdicts(
-    results: &[Ran],
-    events: &[PaymentReceived],
-    shuffled: &[PaymentReceived],
-) -> bool {
+fn print_verdicts(results: &[Ran], events: &[PaymentReceived]) -> bool {
     let ok = results.iter().all(|ran| ran.problems.is_empty());
     if ok {
-        let resent = shuffled.len() - events.len();
-        println!("- every pass: {resent} re-sends came back as duplicates; nothing ran twice,");
-        println!("  no payment was credited twice.");
+        let (duplicates, conflicts) = (results[0].counts.duplicates, results[0].counts.conflicts);
+        println!(
+            "- every pass: {duplicates} re-sends came back as duplicates, and {conflicts} with another"
+        );
+        println!(
+            "  payment method under a recorded event id as conflicts, kept for an operator and"
+        );
+        println!("  never applied; nothing ran twice, no payment was credited twice.");
     }
     for ran in results {
         match ran.problems.as_slice() {
@@ -811,6 +824,7 @@ struct Replay {
     processed: u64,
     released: u64,
     duplicates: u64,
+    conflicts: u64,
     stale: u64,
     parked: u64,
 }
@@ -825,21 +839,27 @@ impl Replay {
     }
 }
 
-/// The guard's rules, replayed in memory. An event's later deliveries are duplicates. Its first
+/// The guard's rules, replayed in memory. An event's later deliveries are duplicates, or conflicts
+/// where their content differs from that of its first delivery. Its first
 /// delivery is stale if its sequence is not newer than the last one applied to its order. Else,
 /// monotonic: it applies. Strict: it applies if it is the next one (last + 1), and then releases
 /// the parked events that follow it without a gap; if it is further ahead, it is parked. (The inbox
 /// handles one order's deliveries in delivery order; sequences are unique per order here.)
 fn replay(stream: &[PaymentReceived], rules: Rules) -> Replay {
-    let (mut seen, mut replay) = (HashSet::new(), Replay::default());
+    let (mut seen, mut replay) = (HashMap::new(), Replay::default());
     // Per order: the last applied sequence, and the parked events by sequence.
     let mut orders: HashMap<&str, (i64, BTreeMap<i64, Uuid>)> = HashMap::new();
     for (delivery, event) in stream.iter().enumerate() {
         let (last, parked) = orders.entry(&event.order_id).or_default();
-        if !seen.insert(event.event_id) {
-            replay.duplicates += 1;
+        // The content of an event's first delivery, which the inbox records.
+        if let Some(first) = seen.get(&event.event_id) {
+            match *first == event.method {
+                true => replay.duplicates += 1,
+                false => replay.conflicts += 1,
+            }
             continue;
         }
+        seen.insert(event.event_id, event.method.as_str());
         let decision = if event.sequence <= *last {
             replay.stale += 1;
             Decision::Stale
@@ -874,19 +894,28 @@ fn payments(rng: &mut Rng) -> Vec<PaymentReceived> {
                 order_id: format!("order-{order:03}"),
                 sequence,
                 amount,
+                method: "card".into(),
             });
         }
     }
     events
 }
 
-/// What an at-least-once broker hands over: every event once, half of them once or twice more
-/// (identical content), in shuffled order.
+/// What an at-least-once broker hands over: every event once, half of them once or twice more,
+/// in shuffled order. One re-send in forty comes with other content under the same event id (a
+/// producer that re-sent a corrected event without a new id).
 fn at_least_once(events: &[PaymentReceived], rng: &mut Rng) -> Vec<PaymentReceived> {
     let mut stream = Vec::new();
     for event in events {
         let copies = [1, 1, 1, 1, 1, 2, 2, 2, 3, 3][rng.between(0, 9) as usize];
-        stream.extend(std::iter::repeat_n(event, copies).cloned());
+        stream.push(event.clone());
+        for _ in 1..copies {
+            let mut resent = event.clone();
+            if rng.between(0, 39) == 0 {
+                resent.method = "transfer".into();
+            }
+            stream.push(resent);
+        }
     }
     for i in (1..stream.len()).rev() {
         stream.swap(i, rng.between(0, i as u64) as usize); // Fisher–Yates
