@@ -155,6 +155,61 @@ async fn each_message_has_a_span_with_the_messaging_conventions() {
     assert_eq!(spans[1]["inbox.outcome"], "duplicate");
 }
 
+#[inbox_handler(key = "event_id", aggregate = "order", name = "picky")]
+async fn picky(msg: Paid) -> Result<(), HandlerError> {
+    match msg.event_id.starts_with("bad") {
+        true => Err(HandlerError::permanent(HandlerError::msg("bad is refused"))),
+        false => Ok(()),
+    }
+}
+
+/// A batch abandoned for one message's failure runs the messages before it again, in a batch of
+/// their own: each message still has one span, with its outcome, as one per transaction.
+#[tokio::test]
+async fn a_message_run_again_after_its_batch_was_abandoned_keeps_its_one_span() {
+    let pool = common::sqlite("tracing_abandoned_batch").await.unwrap();
+    let spans = Spans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let inbox = Inbox::builder(pool)
+        .workers(1)
+        .batch(inbox::Batch::new(8).linger(Duration::from_millis(300)))
+        .handler(picky)
+        .build()
+        .await
+        .unwrap();
+    let broker = inbox::MemoryBroker::new();
+    for (n, id) in ["a", "b", "bad", "c"].into_iter().enumerate() {
+        let event = Paid {
+            event_id: id.into(),
+            order: format!("o-{id}"),
+            sequence: 1,
+        };
+        broker.publish(Envelope::encode(format!("d-{n}"), &event).unwrap());
+    }
+    broker.close();
+
+    let report = inbox.run(broker.source()).await.unwrap();
+
+    let spans = spans.0.lock().unwrap().clone();
+    assert_eq!(
+        spans.len(),
+        4,
+        "one span per message: {spans:#?}\n{report:?}"
+    );
+    let outcomes: BTreeMap<&str, &str> = spans
+        .iter()
+        .map(|span| (&*span["messaging.message.id"], &*span["inbox.outcome"]))
+        .collect();
+    let expected = [
+        ("a", "processed"),
+        ("b", "processed"),
+        ("bad", "dead"),
+        ("c", "processed"),
+    ];
+    assert_eq!(outcomes, BTreeMap::from(expected));
+}
+
 /// The SQL of every statement sqlx ran, in order.
 #[derive(Clone, Default)]
 struct Statements(Arc<Mutex<Vec<String>>>);

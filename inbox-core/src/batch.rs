@@ -78,12 +78,24 @@ pub struct Ticket {
     payload_hash: Vec<u8>,
     /// What is left out is looked up on its own: the claim, the place in the stream.
     found: Found,
+    /// The span the message is guarded in; a new one if none was given.
+    span: Option<Span>,
+}
+
+impl Ticket {
+    /// Guards the message in `span` (from [`crate::message_span`]), the span it keeps when its
+    /// batch is abandoned and it runs again.
+    pub fn in_span(self, span: Span) -> Self {
+        Self {
+            span: Some(span),
+            ..self
+        }
+    }
 }
 
 /// A message guarded in a batch, its outcome waiting for the batch's commit: hand it to
 /// [`conclude`] (as [`InBatch::Staged`]) once [`Batch::commit`] succeeded.
 pub struct Staged {
-    span: Span,
     guarded: Result<Outcome, Error>,
 }
 
@@ -134,6 +146,7 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         let ticket = |(payload_hash, found)| Ticket {
             payload_hash,
             found,
+            span: None,
         };
         Ok(tickets.map(ticket).collect())
     }
@@ -272,8 +285,10 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         retry: &'c RetryPolicy,
         ticket: Ticket,
     ) -> Result<(Self, Staged), Abandoned> {
+        let span = ticket
+            .span
+            .unwrap_or_else(|| guard::message_span(consumer, handler, &received));
         let delivery = Delivery::new(consumer, received, retry);
-        let span = guard::message_span(&delivery, handler.name(), H::Message::TYPE);
         if received
             .identity
             .check_ordering(handler.ordering())
@@ -285,13 +300,13 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         let found = ticket.found;
         let check = OpenCheck::BeforeCommit;
         let attempt = guard::attempt(self.tx, handler, message, &delivery, &claim, found, check);
-        let (tx, guarded) = match attempt.instrument(span.clone()).await {
+        let (tx, guarded) = match attempt.instrument(span).await {
             Ok(Step::Keep(tx, outcome)) => (tx, Ok(outcome)),
             Ok(Step::Undo(tx, seen)) => (tx, seen),
             Ok(Step::Failed(error)) => return Err(abandoned_by(error)),
             Err(_) => return Err(Abandoned::Refused),
         };
-        Ok((Self { tx }, Staged { span, guarded }))
+        Ok((Self { tx }, Staged { guarded }))
     }
 
     /// Commits every message the batch kept, once it made sure that no handler left the
@@ -477,7 +492,8 @@ pub enum InBatch {
 /// staged message's outcome stands; a failed one's failure is recorded in a transaction of its
 /// own (its handler is not run again for this attempt): [`Error::Handler`] says when the message
 /// is due again or that it is dead. Then the outcome is recorded on the message's span and in
-/// the metrics, and under strict ordering its parked successors are released.
+/// the metrics, in `span` (the one its ticket was given, [`Ticket::in_span`]), and under strict
+/// ordering its parked successors are released.
 pub async fn conclude<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     connection: &mut C,
     consumer: &str,
@@ -485,17 +501,17 @@ pub async fn conclude<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     received: Received<'_>,
     retry: &RetryPolicy,
     in_batch: InBatch,
+    span: &Span,
 ) -> Result<Guarded, Error> {
     let delivery = Delivery::new(consumer, received, retry);
-    let (span, guarded) = match in_batch {
-        InBatch::Staged(staged) => (staged.span, staged.guarded),
+    let guarded = match in_batch {
+        InBatch::Staged(staged) => staged.guarded,
         InBatch::Failed(error) => {
-            let span = guard::message_span(&delivery, handler.name(), H::Message::TYPE);
             let recorded = guard::record_attempt_failure(connection, handler, &delivery, error);
-            (span.clone(), recorded.instrument(span).await)
+            recorded.instrument(span.clone()).await
         }
     };
-    let concluded = guard::conclude(connection.pool(), handler, &delivery, &span, guarded);
+    let concluded = guard::conclude(connection.pool(), handler, &delivery, span, guarded);
     concluded.instrument(span.clone()).await
 }
 

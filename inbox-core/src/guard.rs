@@ -77,12 +77,29 @@ pub async fn process<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     received: Received<'_>,
     retry: &RetryPolicy,
 ) -> Result<Guarded, Error> {
+    let span = message_span(consumer, handler, &received);
+    process_in(
+        connection, consumer, handler, message, received, retry, &span,
+    )
+    .await
+}
+
+/// [`process`], in `span` (from [`message_span`]): a message that ran in a batch that was
+/// abandoned, then runs again, stays in the one span it was first given.
+pub async fn process_in<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
+    connection: &mut C,
+    consumer: &str,
+    handler: &H,
+    message: H::Message,
+    received: Received<'_>,
+    retry: &RetryPolicy,
+    span: &Span,
+) -> Result<Guarded, Error> {
     let delivery = Delivery::new(consumer, received, retry);
-    let span = message_span(&delivery, handler.name(), H::Message::TYPE);
     let guarded = guard(connection, handler, message, &delivery)
         .instrument(span.clone())
         .await;
-    conclude(connection.pool(), handler, &delivery, &span, guarded).await
+    conclude(connection.pool(), handler, &delivery, span, guarded).await
 }
 
 /// After the commit: records the outcome on the message's span and in the metrics, and under
@@ -395,31 +412,35 @@ fn canonical_json(document: serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(&sorted(document)).unwrap_or_default()
 }
 
-/// The span of one handled message, named and attributed after the OpenTelemetry messaging
-/// conventions, plus the inbox's own `inbox.*` fields. `messaging.destination.name` and the
-/// conversation id come from the `destination` and correlation id headers when present;
-/// `inbox.attempt` and `inbox.outcome` are recorded as they become known.
-pub(crate) fn message_span(
-    delivery: &Delivery<'_>,
-    handler: &'static str,
-    message_type: &'static str,
+/// The span of one message handled by `handler` for `consumer`, named and attributed after the
+/// OpenTelemetry messaging conventions, plus the inbox's own `inbox.*` fields.
+/// `messaging.destination.name` and the conversation id come from the `destination` and
+/// correlation id headers when present; `inbox.attempt` and `inbox.outcome` are recorded as they
+/// become known. One span per delivery and handler, whether the message runs once or, after its
+/// batch was abandoned, again ([`process_in`], [`crate::batch::Ticket::in_span`],
+/// [`crate::batch::conclude`]).
+pub fn message_span<DB: Backend, H: Handler<DB>>(
+    consumer: &str,
+    handler: &H,
+    received: &Received<'_>,
 ) -> Span {
+    let (handler, message_type) = (handler.name(), H::Message::TYPE);
+    let headers = received.headers;
     let header = |name: &str| {
-        delivery
-            .headers
+        headers
             .and_then(|headers| headers.get(name))
             .map(String::as_str)
     };
-    let identity = delivery.identity;
+    let identity = received.identity;
     let span = tracing::info_span!(
         "inbox.process",
         otel.kind = "consumer",
         messaging.operation.type = "process",
         messaging.operation.name = "process",
         messaging.message.id = identity.message_id(),
-        messaging.consumer.group.name = delivery.consumer,
+        messaging.consumer.group.name = consumer,
         messaging.destination.name = header("destination"),
-        messaging.message.conversation_id = delivery.headers.and_then(crate::envelope::correlation_id),
+        messaging.message.conversation_id = headers.and_then(crate::envelope::correlation_id),
         inbox.handler = handler,
         inbox.message_type = message_type,
         inbox.aggregate = identity.aggregate(),
@@ -427,7 +448,7 @@ pub(crate) fn message_span(
         inbox.attempt = tracing::field::Empty,
         inbox.outcome = tracing::field::Empty,
     );
-    crate::trace_context::adopt_parent(&span, delivery.headers);
+    crate::trace_context::adopt_parent(&span, headers);
     span
 }
 

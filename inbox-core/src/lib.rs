@@ -34,8 +34,8 @@ pub use envelope::Envelope;
 pub use error::classify;
 pub use error::{Error, HandlerError, Permanence};
 pub use guard::{
-    ExpiredGap, Guarded, RELEASES_PER_MESSAGE, Received, discard, expire_gaps, open_gap, process,
-    release, replay, request_replay, resume, retry_due, skip_gap,
+    ExpiredGap, Guarded, RELEASES_PER_MESSAGE, Received, discard, expire_gaps, message_span,
+    open_gap, process, process_in, release, replay, request_replay, resume, retry_due, skip_gap,
 };
 pub use handler::{DEFAULT_CONSUMER, DEFAULT_GAP_TIMEOUT, Handler, HandlerResult};
 pub use identity::{Identity, MAX_ID_LEN, MAX_SEQUENCE};

@@ -10,6 +10,7 @@ use inbox_core::{
     RetryPolicy,
 };
 use sqlx::Pool;
+use tracing::Span;
 
 /// The outcome of one handler for one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,16 +245,19 @@ impl<DB: Backend, H: Handler<DB>> Route<DB> for HandlerRoute<H> {
             handler: Arc::clone(&self.0),
             message: Some(message),
             identity,
+            span: None,
         }))
     }
 }
 
 /// One handler's decoded message. A batch abandoned after the handler ran hands the job on
-/// without its message, which is then decoded again.
+/// without its message, which is then decoded again, and with its span, which the message keeps
+/// (one span per delivery and handler, however many times a batch had it run).
 struct HandlerJob<H: Handler<DB>, DB: Backend> {
     handler: Arc<H>,
     message: Option<H::Message>,
     identity: Identity,
+    span: Option<Span>,
 }
 
 impl<DB: Backend, H: Handler<DB>> HandlerJob<H, DB> {
@@ -263,6 +267,15 @@ impl<DB: Backend, H: Handler<DB>> HandlerJob<H, DB> {
             Some(message) => Ok(message),
             None => envelope.decode::<H::Message>(),
         }
+    }
+
+    /// The message's span, made on its first run.
+    fn span(&mut self, consumer: &str, envelope: &Envelope) -> Span {
+        if let Some(span) = &self.span {
+            return span.clone();
+        }
+        let span = inbox_core::message_span(consumer, &*self.handler, &self.received(envelope));
+        self.span.insert(span).clone()
     }
 
     fn received<'a>(&'a self, envelope: &'a Envelope) -> Received<'a> {
@@ -305,11 +318,12 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
             let message = self.message(envelope)?;
+            let span = self.span(consumer, envelope);
             let (handler, received) = (&*self.handler, self.received(envelope));
-            let guarded =
-                inbox_core::process(connection, consumer, handler, message, received, retry)
-                    .await?;
-            Ok(self.handled(guarded))
+            let guarded = inbox_core::process_in(
+                connection, consumer, handler, message, received, retry, &span,
+            );
+            Ok(self.handled(guarded.await?))
         })
     }
 
@@ -327,6 +341,7 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     ) -> BoxFuture<'a, Result<(Batch<'a, DB>, Staged), Abandoned>> {
         Box::pin(async move {
             let message = self.message(envelope).map_err(|_| Abandoned::Refused)?;
+            let ticket = ticket.in_span(self.span(consumer, envelope));
             let (handler, received) = (&*self.handler, self.received(envelope));
             batch
                 .guard(consumer, handler, message, received, retry, ticket)
@@ -335,7 +350,7 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
     }
 
     fn conclude<'a>(
-        self: Box<Self>,
+        mut self: Box<Self>,
         connection: &'a mut dyn Connect<DB>,
         consumer: &'a str,
         envelope: &'a Envelope,
@@ -343,9 +358,10 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
         in_batch: InBatch,
     ) -> BoxFuture<'a, Result<Handled, Error>> {
         Box::pin(async move {
+            let span = self.span(consumer, envelope);
             let (handler, received) = (&*self.handler, self.received(envelope));
             let concluded = inbox_core::batch::conclude(
-                connection, consumer, handler, received, retry, in_batch,
+                connection, consumer, handler, received, retry, in_batch, &span,
             );
             Ok(self.handled(concluded.await?))
         })
