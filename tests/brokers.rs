@@ -77,6 +77,12 @@ trait TestBroker: Sized + Send + Sync {
     async fn patient_source(&self) -> Self::Source {
         self.source().await
     }
+    /// A consumer in a third group to which the broker hands one delivery at a time (a
+    /// prefetch, or a bound on unacknowledged deliveries, of one); `None` where the broker
+    /// bounds nothing so.
+    async fn one_at_a_time_source(&self) -> Option<Self::Source> {
+        None
+    }
     /// A broker on a server of the suite's own, which the suite restarts; `None` where the suite
     /// does not run this broker itself.
     async fn on_own_server(_test: &str) -> Option<(Self, Server)> {
@@ -293,6 +299,17 @@ mod jetstream_broker {
                 .expect("build the source")
         }
 
+        async fn one_at_a_time_source(&self) -> Option<Self::Source> {
+            let builder = JetStreamSource::builder(&self.context, &self.stream, "one");
+            Some(
+                builder
+                    .max_ack_pending(1)
+                    .build()
+                    .await
+                    .expect("build the source"),
+            )
+        }
+
         async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
             self.publisher.publish(&self.destination(), envelope).await
         }
@@ -394,6 +411,11 @@ mod rabbitmq_broker {
                 .build()
                 .await
                 .expect("build the source")
+        }
+
+        async fn one_at_a_time_source(&self) -> Option<Self::Source> {
+            let builder = AmqpSource::builder(&self.connection, &self.queue).prefetch(1);
+            Some(builder.build().await.expect("build the source"))
         }
 
         async fn publish(&self, envelope: &Envelope) -> Result<(), inbox::SinkError> {
@@ -508,50 +530,6 @@ mod rabbitmq_broker {
 
         let envelope = delivery.envelope();
         assert_eq!(envelope.correlation_id(), Some("c-7"), "{envelope:?}");
-    }
-
-    /// A failure the inbox recorded is retried from its store, so its delivery is settled at
-    /// once: held for its backoff, it would take a prefetch slot, and as many failing messages as
-    /// the prefetch would stop the consumer.
-    #[tokio::test]
-    async fn a_recorded_failure_does_not_hold_a_prefetch_slot() {
-        use inbox::prelude::*;
-
-        let Some(broker) = RabbitMq::new("amqp_recorded_failure").await else {
-            return;
-        };
-        let pool = crate::ledger("amqp_recorded_failure")
-            .await
-            .expect("SQLite");
-        crate::freeze(&pool, "frozen", true).await;
-        for event in [
-            crate::Credited::new("e-1", "frozen", 1, 5),
-            crate::Credited::new("e-2", "acct", 1, 7),
-        ] {
-            broker
-                .publish(&crate::envelope(&event))
-                .await
-                .expect("publish");
-        }
-        let an_hour = Duration::from_secs(3_600);
-        let inbox = Inbox::builder(pool.clone())
-            .retry(inbox::RetryPolicy::new(5).backoff(an_hour, an_hour))
-            .handler(crate::credit)
-            .build()
-            .await
-            .unwrap();
-        let one_at_a_time = AmqpSource::builder(&broker.connection, &broker.queue).prefetch(1);
-        let source = one_at_a_time.build().await.expect("build the source");
-
-        let report = crate::run_until_applied(&inbox, &pool, source, 1).await;
-
-        assert_eq!(crate::balance(&pool, "acct").await, 7, "{report:?}");
-        let failed = crate::status(&pool, "credit", "e-1").await;
-        assert_eq!(
-            failed.as_deref(),
-            Some("failed"),
-            "kept for the store's retry"
-        );
     }
 }
 
@@ -1186,6 +1164,46 @@ mod suite {
         assert_applied_in_order(&pool, accounts, per_account).await;
     }
 
+    /// A failure the inbox recorded is retried from its store, so its delivery is settled at
+    /// once: held for its backoff, it would take the broker's one slot (a prefetch, a bound on
+    /// unacknowledged deliveries), and as many failing messages as the bound would stop the
+    /// consumer.
+    pub async fn a_recorded_failure_does_not_hold_up_the_deliveries_behind_it<B: TestBroker>() {
+        let Some(broker) = B::new("conformance_recorded_failure").await else {
+            return;
+        };
+        let Some(source) = broker.one_at_a_time_source().await else {
+            return not_promised::<B>("bounds unsettled deliveries to one");
+        };
+        let pool = ledger("conformance_recorded_failure")
+            .await
+            .expect("SQLite");
+        freeze(&pool, "frozen", true).await;
+        for event in [
+            Credited::new("e-1", "frozen", 1, 5),
+            Credited::new("e-2", "acct", 1, 7),
+        ] {
+            broker.publish(&envelope(&event)).await.expect("publish");
+        }
+        let an_hour = Duration::from_secs(3_600);
+        let inbox = Inbox::builder(pool.clone())
+            .retry(inbox::RetryPolicy::new(5).backoff(an_hour, an_hour))
+            .handler(credit)
+            .build()
+            .await
+            .unwrap();
+
+        let report = run_until_applied(&inbox, &pool, source, 1).await;
+
+        assert_eq!(balance(&pool, "acct").await, 7, "{report:?}");
+        let failed = status(&pool, "credit", "e-1").await;
+        assert_eq!(
+            failed.as_deref(),
+            Some("failed"),
+            "kept for the store's retry"
+        );
+    }
+
     pub async fn a_delivery_without_a_type_tag_is_kept_as_rejected<B: TestBroker>() {
         if !B::FEATURES.carries_untagged {
             return not_promised::<B>("carries messages without a type tag");
@@ -1630,6 +1648,7 @@ macro_rules! conformance {
                 a_shuffled_duplicated_stream_keeps_the_ledger_exact,
                 two_consumers_in_one_group_apply_each_message_once,
                 a_delivery_without_a_type_tag_is_kept_as_rejected,
+                a_recorded_failure_does_not_hold_up_the_deliveries_behind_it,
                 a_run_killed_with_work_in_flight_loses_nothing,
                 a_run_killed_with_a_batch_in_flight_loses_nothing,
                 a_long_handler_keeps_its_delivery,

@@ -64,9 +64,11 @@ pub trait Acknowledge: Send + 'static {
     fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>>;
     /// Handling the delivery failed, and the inbox recorded the failure with the message: it
     /// retries the message from its own store once `delay` has passed, whether or not the broker
-    /// delivers it again. By default a nack with the delay, for brokers that can hand back one
-    /// message; a broker that cannot (Kafka, whose consumers commit offsets, not messages) takes
-    /// the delivery as settled.
+    /// delivers it again. By default a nack with the delay, for brokers where a handed-back
+    /// message holds nothing meanwhile (Redis, the PostgreSQL queue). A broker that bounds what
+    /// is unsettled (RabbitMQ's prefetch, JetStream's `max_ack_pending`) acknowledges it at once,
+    /// so that failing messages never stop the consumer; one that cannot hand back one message
+    /// (Kafka, whose consumers commit offsets) takes the delivery as settled.
     fn retry_later(
         self: Box<Self>,
         delay: Duration,

@@ -3,7 +3,10 @@
 //! - **Ack after commit**, confirmed: a delivery is acknowledged with a double ack (`AckSync`:
 //!   the server confirms it), so an ack lost on the way is an error the run logs, not a silent
 //!   redelivery later.
-//! - **Nack with delay**: `NAK` with the delay; the server redelivers after it.
+//! - **Nack with delay**: `NAK` with the delay; the server redelivers after it. Only deliveries
+//!   that could not be handled at all (the database down) are handed back so: a failure the inbox
+//!   recorded is acknowledged at once and retried from the database, so that failing messages
+//!   never hold `max_ack_pending`.
 //! - **A crash** (a delivery never settled): the server redelivers after the consumer's
 //!   `ack_wait`.
 //! - **Long handlers**: the run sends `+WPI` (in progress) for every delivery it holds, at a
@@ -261,6 +264,16 @@ impl Acknowledge for JetStreamAcker {
     fn nack(self: Box<Self>, delay: Duration) -> BoxFuture<'static, Result<(), SourceError>> {
         let delay = (!delay.is_zero()).then_some(delay);
         Box::pin(async move { self.0.ack_with(AckKind::Nak(delay)).await })
+    }
+
+    /// Acknowledged at once: the inbox retries the failure it recorded from its own store when
+    /// `delay` has passed. A `NAK` with the delay would keep the message pending meanwhile, and
+    /// as many failing messages as `max_ack_pending` would stop the consumer.
+    fn retry_later(
+        self: Box<Self>,
+        _delay: Duration,
+    ) -> BoxFuture<'static, Result<(), SourceError>> {
+        self.ack()
     }
 
     fn terminate(self: Box<Self>) -> BoxFuture<'static, Result<(), SourceError>> {
