@@ -249,6 +249,7 @@ pub use inbox_core::{
     StoredMessage, Stream, migrate, open_gap, purge, purge_preview, request_replay, schema, status,
 };
 pub use inbox_macros::{Message, inbox_handler};
+pub use inbox_runtime::relay::Outbox;
 pub use inbox_runtime::*;
 
 /// The outbox: what a transaction publishes commits with it.

@@ -339,6 +339,9 @@ macro_rules! failures_suite {
                 .await
                 .unwrap();
             assert_eq!(count(all().failed_within(Duration::from_secs(3600))).await, 1);
+            let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+            assert_eq!(count(all().since(an_hour_ago)).await, 1);
+            assert_eq!(count(all().since(std::time::UNIX_EPOCH)).await, 2);
         }
 
         #[tokio::test]

@@ -18,12 +18,17 @@ pub struct Envelope {
 
 impl Envelope {
     /// An envelope for a payload of the given type tag. `id` is the transport's id for the
-    /// delivery (used in logs); the dedup key comes from the handler's `key` fields.
-    pub fn new(message_type: impl Into<String>, id: impl Into<String>, payload: Vec<u8>) -> Self {
+    /// delivery (used in logs); the dedup key comes from the handler's `key` fields. The payload
+    /// is any bytes: a `Vec<u8>`, a slice, `b"..."`.
+    pub fn new(
+        message_type: impl Into<String>,
+        id: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
         Self {
             message_type: message_type.into(),
             id: id.into(),
-            payload,
+            payload: payload.into(),
             headers: BTreeMap::new(),
             produced_at: None,
             receipt: None,

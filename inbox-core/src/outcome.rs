@@ -4,7 +4,6 @@ use std::fmt;
 
 /// The result of guarding one message for one handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
 pub enum Outcome {
     /// The handler ran and its writes were committed with the dedup record.
     Processed,

@@ -360,6 +360,15 @@ impl DeadLetterFilter {
         self
     }
 
+    /// Only messages whose last failure came at or after `time`: [`failed_within`] the time
+    /// since then, as it is when this is called.
+    ///
+    /// [`failed_within`]: Self::failed_within
+    pub fn since(self, time: std::time::SystemTime) -> Self {
+        let age = std::time::SystemTime::now().duration_since(time);
+        self.failed_within(age.unwrap_or_default())
+    }
+
     /// At most `count` messages: one page of the listing, which is in a stable order (handler,
     /// aggregate, sequence, id), so that pages do not load every dead letter with its payload.
     ///
