@@ -46,7 +46,6 @@ use futures::future::BoxFuture;
 use inbox_core::Envelope;
 use inbox_core::outbox::AGGREGATE_ID;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
@@ -107,15 +106,13 @@ impl KafkaSource {
         }
     }
 
-    /// Commits what is settled and not known committed, if the commit interval has passed since
-    /// the last commit. The broker's answer comes back in [`Rebalancing::commit_callback`]: until
-    /// it says the offsets are committed, the next commit carries them again.
+    /// Commits what is settled, if the commit interval has passed since the last commit.
     fn commit_if_due(&mut self) {
         if self.last_commit.elapsed() < self.commit_interval {
             return;
         }
         self.last_commit = Instant::now();
-        let settled = self.offsets.uncommitted(None);
+        let settled = self.offsets.take_settled(None);
         if settled.count() > 0
             && let Err(error) = self.consumer.commit(&settled, CommitMode::Async)
         {
@@ -255,7 +252,7 @@ impl Source for KafkaSource {
 impl Drop for KafkaSource {
     /// Commits what is settled before the consumer leaves its group.
     fn drop(&mut self) {
-        let settled = self.offsets.uncommitted(None);
+        let settled = self.offsets.take_settled(None);
         if settled.count() > 0
             && let Err(error) = self.consumer.commit(&settled, CommitMode::Sync)
         {
@@ -351,10 +348,9 @@ struct Partition {
     generation: u64,
     /// The offsets delivered and not committed yet, each with whether it is settled.
     in_flight: BTreeMap<i64, bool>,
-    /// One past the last offset of the settled prefix: the offset to commit.
-    settled_to: Option<i64>,
-    /// The last offset the broker said it committed.
-    committed: Option<i64>,
+    /// The offset to commit (one past the last of the settled prefix), if it has moved since
+    /// the last commit.
+    to_commit: Option<i64>,
 }
 
 impl Offsets {
@@ -369,8 +365,7 @@ impl Offsets {
         let partition = partitions.entry(key).or_insert_with(|| Partition {
             generation: self.new_generation(),
             in_flight: BTreeMap::new(),
-            settled_to: None,
-            committed: None,
+            to_commit: None,
         });
         partition.in_flight.entry(position.offset).or_insert(false);
         partition.generation
@@ -406,37 +401,22 @@ impl Offsets {
             if !*entry.get() {
                 break;
             }
-            partition.settled_to = Some(entry.key() + 1);
+            partition.to_commit = Some(entry.key() + 1);
             entry.remove();
         }
     }
 
-    /// The offsets to commit, of every partition or of those in `only`: each settled offset the
-    /// broker has not said it committed (a failed commit leaves it here for the next one).
-    fn uncommitted(&self, only: Option<&TopicPartitionList>) -> TopicPartitionList {
+    /// The offsets to commit, of every partition or of those in `only`; they count as committed.
+    fn take_settled(&self, only: Option<&TopicPartitionList>) -> TopicPartitionList {
         let mut settled = TopicPartitionList::new();
-        for ((topic, number), partition) in self.lock().iter() {
+        for ((topic, number), partition) in self.lock().iter_mut() {
             let wanted = only.is_none_or(|list| list.find_partition(topic, *number).is_some());
-            let ahead = partition.settled_to > partition.committed;
-            if let (true, true, Some(offset)) = (wanted, ahead, partition.settled_to) {
+            if let (true, Some(offset)) = (wanted, partition.to_commit.take()) {
                 // An offset is valid: it came from a message of this partition.
                 let _ = settled.add_partition_offset(topic, *number, Offset::Offset(offset));
             }
         }
         settled
-    }
-
-    /// Notes that the broker committed the offsets in `list`.
-    fn committed(&self, list: &TopicPartitionList) {
-        let mut partitions = self.lock();
-        for element in list.elements() {
-            let key = (element.topic().to_owned(), element.partition());
-            if let (Some(partition), Offset::Offset(offset), Ok(())) =
-                (partitions.get_mut(&key), element.offset(), element.error())
-            {
-                partition.committed = partition.committed.max(Some(offset));
-            }
-        }
     }
 
     /// Whether the partitions in `list` have nothing in flight.
@@ -475,23 +455,13 @@ impl ConsumerContext for Rebalancing {
         while !self.offsets.settled(revoked) && waited.elapsed() < self.revoke_timeout {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let settled = self.offsets.uncommitted(Some(revoked));
+        let settled = self.offsets.take_settled(Some(revoked));
         if settled.count() > 0
             && let Err(error) = consumer.commit(&settled, CommitMode::Sync)
         {
             tracing::warn!(%error, "committing the offsets of revoked partitions failed");
         }
         self.offsets.forget(revoked);
-    }
-
-    /// The broker's answer to a commit: offsets it committed are not committed again.
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        match result {
-            Ok(()) => self.offsets.committed(offsets),
-            Err(error) => {
-                tracing::warn!(%error, "committing offsets failed; they are committed again later");
-            }
-        }
     }
 }
 
@@ -614,48 +584,5 @@ fn produce_error(error: rdkafka::error::KafkaError) -> SinkError {
     match error.rdkafka_error_code() {
         Some(code) if REFUSED.contains(&code) => SinkError::Refused(error.to_string()),
         _ => SinkError::unavailable(error),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(offset: i64) -> Position {
-        Position {
-            topic: "orders".into(),
-            partition: 0,
-            offset,
-        }
-    }
-
-    /// The offsets `uncommitted` would commit, as (partition, offset).
-    fn to_commit(offsets: &Offsets) -> Vec<(i32, Offset)> {
-        let list = offsets.uncommitted(None);
-        list.elements()
-            .iter()
-            .map(|element| (element.partition(), element.offset()))
-            .collect()
-    }
-
-    #[test]
-    fn a_settled_offset_is_committed_again_until_the_broker_says_it_is() {
-        let offsets = Offsets::default();
-        let generation = offsets.yielded(&at(7));
-        offsets.yielded(&at(8));
-        offsets.settle(&at(7), generation);
-
-        assert_eq!(to_commit(&offsets), [(0, Offset::Offset(8))]);
-        assert_eq!(
-            to_commit(&offsets),
-            [(0, Offset::Offset(8))],
-            "a commit with no answer yet, or a failed one, leaves it to commit"
-        );
-
-        offsets.committed(&offsets.uncommitted(None));
-        assert_eq!(to_commit(&offsets), [], "committed once is enough");
-
-        offsets.settle(&at(8), generation);
-        assert_eq!(to_commit(&offsets), [(0, Offset::Offset(9))]);
     }
 }
