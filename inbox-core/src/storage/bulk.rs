@@ -129,7 +129,7 @@ pub async fn claim<DB: Backend>(
             message_type: claim.message_type,
             aggregate_id: claim.aggregate,
             sequence_number: claim.sequence,
-            payload_hash: hex(claim.payload_hash),
+            payload_hash: hex::encode(claim.payload_hash),
         })
         .collect();
     match DB::SQL.batch.claim {
@@ -341,12 +341,4 @@ async fn execute<DB: Backend>(
 /// `rows` as the one JSON document a bulk statement takes.
 fn document(rows: &[impl Serialize]) -> Result<String, sqlx::Error> {
     serde_json::to_string(rows).map_err(|error| sqlx::Error::Encode(Box::new(error)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut text, byte| {
-        let _ = write!(text, "{byte:02x}");
-        text
-    })
 }
