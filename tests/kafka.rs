@@ -232,3 +232,40 @@ async fn a_failed_message_settles_its_offset_and_is_retried_from_the_store() {
     assert_eq!(order, [1, 2], "{report:?}");
     assert_eq!(balance(&pool, "a").await, 11);
 }
+
+/// Drops `source` on a blocking thread; fails if closing it takes more than half a minute.
+async fn close_within_half_a_minute(source: KafkaSource, what: &str) {
+    let closed = tokio::task::spawn_blocking(move || drop(source));
+    let closed = tokio::time::timeout(Duration::from_secs(30), closed).await;
+    closed
+        .unwrap_or_else(|_| panic!("{what} did not close in 30 s"))
+        .expect("the thread closing the consumer");
+}
+
+/// A consumer dropped while its group rebalances (a second consumer joining) closes: it gives up
+/// its partitions without asking librdkafka for the group's protocol, which closing can make wait
+/// forever (librdkafka #4041). Several rounds, each on a topic and group of its own, each dropping
+/// the first consumer a little later into the second one's join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_dropped_while_its_group_rebalances_closes() {
+    use inbox::Source;
+
+    for round in 0..6_u64 {
+        let Some(topic) = Topic::new(&format!("kafka_close_{round}")).await else {
+            return;
+        };
+        topic.publish(&[Credited::new("e-1", "acct-1", 1, 1)]).await;
+        let mut first = topic.source();
+        let delivery = tokio::time::timeout(Duration::from_secs(30), first.next()).await;
+        let delivery = delivery.unwrap_or_else(|_| panic!("round {round}: no delivery in 30 s"));
+        let delivery = delivery
+            .expect("the source")
+            .expect("the topic is not empty");
+        delivery.ack().await.expect("ack");
+        let mut second = topic.source();
+        let joining = tokio::time::timeout(Duration::from_millis(100 * round), second.next());
+        let _ = joining.await;
+        close_within_half_a_minute(first, "the first consumer").await;
+        close_within_half_a_minute(second, "the second consumer").await;
+    }
+}

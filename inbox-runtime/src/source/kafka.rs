@@ -39,16 +39,19 @@
 //! messages for `max.poll.interval.ms` (5 minutes by default).
 
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use inbox_core::Envelope;
 use inbox_core::outbox::AGGREGATE_ID;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -210,6 +213,7 @@ impl KafkaSourceBuilder {
         let context = Rebalancing {
             offsets: Arc::clone(&offsets),
             revoke_timeout: self.revoke_timeout,
+            cooperative: OnceLock::new(),
         };
         let consumer: StreamConsumer = config.create_with_context(context)?;
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
@@ -442,11 +446,53 @@ impl Offsets {
 struct Rebalancing {
     offsets: Arc<Offsets>,
     revoke_timeout: Duration,
+    /// Whether the group rebalances incrementally (cooperative), as librdkafka said at the first
+    /// assignment.
+    cooperative: OnceLock<bool>,
 }
 
 impl ClientContext for Rebalancing {}
 
 impl ConsumerContext for Rebalancing {
+    /// Takes or gives up partitions as rdkafka's own rebalance does, except that it asks
+    /// librdkafka for the group's protocol only at the first assignment: asked again in the
+    /// revocation that closing the consumer makes (when the source is dropped at the end of a
+    /// run), librdkafka can wait forever for its own answer (librdkafka #4041), and the run's
+    /// thread with it.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        error: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        let assign = error == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let rebalance = match error {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(partitions),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(partitions),
+            _ => Rebalance::Error(KafkaError::Rebalance(error.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let cooperative = match assign {
+            true => *self.cooperative.get_or_init(|| {
+                matches!(
+                    consumer.rebalance_protocol(),
+                    RebalanceProtocol::Cooperative
+                )
+            }),
+            // Nothing to give up incrementally if nothing was ever assigned.
+            false => self.cooperative.get().copied().unwrap_or(false),
+        };
+        let changed = match (assign, cooperative) {
+            (true, true) => consumer.incremental_assign(partitions),
+            (true, false) => consumer.assign(partitions),
+            (false, true) => consumer.incremental_unassign(partitions),
+            (false, false) => consumer.unassign(),
+        };
+        if let Err(error) = changed {
+            tracing::warn!(%error, "the consumer could not change its assignment");
+        }
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(revoked) = rebalance else {
             return;
