@@ -67,14 +67,17 @@ pub async fn postgres_from_env(
     }
 }
 
-/// A new SQLite file `name` in the temp directory (the old one deleted).
+/// A new SQLite file `name` in the temp directory (the old one deleted), on a pool of up to 24
+/// connections, as PostgreSQL's: room for each of 16 workers to keep its own, as the runtime
+/// does where the pool has one per worker and one more.
 pub async fn fresh_sqlite(name: &str) -> Result<Pool<Sqlite>, Failure> {
     let path = std::env::temp_dir().join(name);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     let url = format!("sqlite://{}", path.display());
-    Ok(sqlx::SqlitePool::connect_with(inbox::sqlite_options(&url)?).await?)
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(24);
+    Ok(pool.connect_with(inbox::sqlite_options(&url)?).await?)
 }
 
 /// The inbox schema without handler `credit`'s rows, and `accounts` accounts `acct-<n>` of
