@@ -9,17 +9,16 @@ mod ledger;
 
 use std::error::Error;
 
+use inbox::amqp::lapin::Connection;
 use inbox::amqp::lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use inbox::amqp::lapin::types::FieldTable;
-use inbox::amqp::lapin::{Connection, ConnectionProperties};
-use inbox::amqp::{AmqpPublisher, AmqpSource};
+use inbox::amqp::{AmqpPublisher, AmqpSource, recovering};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let url = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let properties = ConnectionProperties::default().enable_auto_recover();
-    let connection = Connection::connect(&url, properties).await?;
+    let connection = Connection::connect(&url, recovering()).await?;
     let channel = connection.create_channel().await?;
     let queue = format!("payments-{}", std::process::id());
     let options = QueueDeclareOptions::default();

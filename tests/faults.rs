@@ -220,7 +220,7 @@ mod postgres_crash {
                 );
                 return None;
             };
-            let port = free_port();
+            let port = crate::common::free_port();
             let dir = std::env::temp_dir().join(format!("inbox_pg_{port}_{}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("a data directory");
             run("chown", &["postgres", &dir.display().to_string()]);
@@ -316,26 +316,6 @@ mod postgres_crash {
             "{program} {args:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-    }
-
-    /// A port below 32768 (under the ephemeral range) that nothing listens on now and that no
-    /// other test of this process was given: tests running at once each get their own.
-    fn free_port() -> u16 {
-        use std::sync::atomic::{AtomicU16, Ordering};
-        static NEXT: AtomicU16 = AtomicU16::new(0);
-        let base = 21_000 + (std::process::id() % 9_000) as u16;
-        let _ = NEXT.compare_exchange(0, base, Ordering::SeqCst, Ordering::SeqCst);
-        loop {
-            let port = NEXT.fetch_add(1, Ordering::SeqCst);
-            let port = if port >= 32_000 {
-                21_000 + port % 11_000
-            } else {
-                port
-            };
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
-            }
-        }
     }
 
     /// The events applied so far, or `None` while the server does not answer.

@@ -64,6 +64,27 @@ pub fn unique(test: &str) -> String {
     format!("{test}_{}_{n}_{nanos}", std::process::id())
 }
 
+/// A port below 32768 (under the ephemeral range) that nothing listens on now and that no other
+/// test of this process was given: servers of their own that tests start at once (a RabbitMQ node
+/// may take seconds to listen) each get their own port.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::AtomicU16;
+    static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+    let base = 21_000 + (std::process::id() % 9_000) as u16;
+    let _ = NEXT_PORT.compare_exchange(0, base, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = NEXT_PORT.fetch_add(1, Ordering::SeqCst);
+        let port = if port >= 32_000 {
+            21_000 + port % 11_000
+        } else {
+            port
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 pub mod ledger;
 pub mod queries;
 pub mod scratch;

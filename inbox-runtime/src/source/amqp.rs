@@ -16,8 +16,8 @@
 //!   the queue's dead-letter exchange, a second copy).
 //! - **Attempt**: `x-delivery-count` + 1 on quorum queues; elsewhere 2 for a redelivered message.
 //! - **Backpressure**: `basic.qos` prefetch ([`AmqpSourceBuilder::prefetch`], 64 by default).
-//! - **Reconnect**: with lapin's recovery enabled
-//!   (`ConnectionProperties::default().enable_auto_recover()`) the consumer resumes after the
+//! - **Reconnect**: on a connection made with [`recovering`] properties (lapin's recovery, trying
+//!   again at most every 2 s for as long as the server is away) the consumer resumes after the
 //!   connection comes back; errors meanwhile go to the run, which asks again after a growing delay.
 //!   What was unacknowledged when the connection dropped is requeued by the broker.
 //! - **Mapping**: type tag and id from the [`HeaderNames`] headers, else the `type` and
@@ -47,14 +47,47 @@ use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceE
 /// The client this module speaks through, for its [`Connection`].
 pub use lapin;
 
+/// The longest wait between two attempts to reach the server again, in [`recovering`].
+const RECONNECT_AT_MOST_EVERY: Duration = Duration::from_secs(2);
+
+/// Connection properties for a consumer that outlives the server's restarts: lapin's recovery
+/// (the connection, its channels, consumers and confirms come back with the server), trying to
+/// reach the server again after 100 ms, then at most every 2 s, for as long as it is away.
+///
+/// `enable_auto_recover()` alone waits twice as long after each failed attempt, up to a minute
+/// (a server back after 40 s may be seen only after a minute more), and gives up after 16
+/// attempts: the connection is then closed for good, and a run on it reports errors until it is
+/// stopped.
+///
+/// Since this waits for the server as long as it takes, a first `Connection::connect` to a server
+/// that is not there waits too: bound it (`tokio::time::timeout`) to fail at startup instead.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use inbox::amqp::{AmqpSource, lapin};
+///
+/// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", inbox::amqp::recovering()).await?;
+/// let source = AmqpSource::builder(&connection, "billing").build().await?;
+/// # Ok(()) }
+/// ```
+pub fn recovering() -> lapin::ConnectionProperties {
+    lapin::ConnectionProperties::default()
+        .configure_backoff(|backoff| {
+            backoff
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(RECONNECT_AT_MOST_EVERY)
+                .without_max_times()
+        })
+        .enable_auto_recover()
+}
+
 /// A RabbitMQ queue, consumed with manual acks on a channel of its own.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), inbox::SourceError> {
 /// use inbox::amqp::{AmqpSource, lapin};
 ///
-/// let properties = lapin::ConnectionProperties::default().enable_auto_recover();
-/// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", properties).await?;
+/// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", inbox::amqp::recovering()).await?;
 /// let source = AmqpSource::builder(&connection, "billing").prefetch(64).build().await?;
 /// # Ok(()) }
 /// ```
