@@ -158,7 +158,7 @@ async fn a_scripted_run_counts_every_outcome() {
         (("strict_steps", "released"), 1),
         (("strict_steps", "duplicate"), 1),
         (("strict_steps", "conflict"), 1),
-        (("strict_steps", "retrying"), 1),
+        (("strict_steps", "retry"), 1),
         (("strict_steps", "dead"), 1),
         (("monotonic_steps", "processed"), 1),
         (("monotonic_steps", "stale"), 1),

@@ -50,7 +50,7 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Parked => "parked",
             Outcome::Released => "released",
-            Outcome::Retrying => "retrying",
+            Outcome::Retrying => "retry",
             Outcome::Dead => "dead",
         }
     }
