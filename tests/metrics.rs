@@ -5,11 +5,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use inbox::prelude::*;
-use inbox::{MemoryBroker, Retention, RetryPolicy};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use inbox::{Batch, MemoryBroker, Retention, RetryPolicy};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 #[derive(Debug, Clone, Serialize, Deserialize, Message)]
 #[message(name = "test.step")]
@@ -47,13 +48,27 @@ async fn monotonic_steps(_msg: Step) -> Result<(), HandlerError> {
     Ok(())
 }
 
+/// The tests of this binary run one at a time: a snapshot drains the counters it reads.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The recorder of this test binary, installed by the first test that asks for it. Each test
+/// reads only the metrics of its own consumers.
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
 #[tokio::test]
 async fn a_scripted_run_counts_every_outcome() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let snapshotter = snapshotter();
     let pool = common::sqlite("metrics").await.unwrap();
     let database = pool.clone();
     let retry = RetryPolicy::new(2).backoff(Duration::from_millis(1), Duration::from_millis(1));
@@ -120,6 +135,9 @@ async fn a_scripted_run_counts_every_outcome() {
                 .find(|l| l.key() == name)
                 .map(|l| l.value().to_owned())
         };
+        if label("consumer").is_some_and(|consumer| consumer != "billing") {
+            continue;
+        }
         match (key.name(), value) {
             ("inbox_messages_total", DebugValue::Counter(n)) => {
                 let at = (label("handler").unwrap(), label("outcome").unwrap());
@@ -184,4 +202,82 @@ async fn a_scripted_run_counts_every_outcome() {
     assert_eq!(named.get("inbox_purge_batches_total"), Some(&1));
     let ran = "s-1, s-2, r-1 and the two failed attempts ran the handler";
     assert_eq!(named.get("duration strict_steps"), Some(&5), "{ran}");
+}
+
+/// A batched run counts each outcome as a run of one message per transaction does: a failure in
+/// a batch once, not again when the rest of its batch is run again without it.
+#[tokio::test]
+async fn a_batched_run_counts_the_outcomes_one_per_transaction_counts() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let snapshotter = snapshotter();
+    let script = [
+        step("s-2", "a", 2), // parked
+        step("s-1", "a", 1), // processed, releases s-2
+        step("s-1", "a", 1), // duplicate
+        Step {
+            sequence: 9,
+            ..step("s-1", "a", 1)
+        }, // conflict
+        Step {
+            fail: true,
+            ..step("p-1", "b", 1)
+        }, // retry, then dead: the memory broker delivers it again after its backoff
+        step("c-1", "c", 1), // processed
+        step("c-2", "c", 2), // processed
+    ];
+    let batched = Batch::new(100).linger(Duration::from_millis(20));
+    let mut counted = BTreeMap::new();
+    for (consumer, batch) in [("one_per_tx", None), ("batched", Some(batched))] {
+        let pool = common::sqlite(consumer).await.unwrap();
+        let quick = Duration::from_millis(1);
+        let inbox = common::builder(&pool, batch)
+            .consumer(consumer)
+            .retry(RetryPolicy::new(2).backoff(quick, quick))
+            .handler(strict_steps)
+            .build()
+            .await
+            .unwrap();
+        let broker = MemoryBroker::new();
+        for (n, step) in script.iter().enumerate() {
+            broker.publish(Envelope::encode(format!("d-{n}"), step).unwrap());
+        }
+        broker.close();
+        inbox.run(broker.source()).await.unwrap();
+        counted.insert(consumer, outcomes_counted(snapshotter, consumer));
+    }
+
+    let expected = [
+        ("parked", 1),
+        ("processed", 3),
+        ("released", 1),
+        ("duplicate", 1),
+        ("conflict", 1),
+        ("retry", 1),
+        ("dead", 1),
+    ];
+    let expected: BTreeMap<_, _> = expected
+        .into_iter()
+        .map(|(o, n)| (o.to_owned(), n))
+        .collect();
+    assert_eq!(counted["one_per_tx"], expected);
+    assert_eq!(counted["batched"], expected);
+}
+
+/// `inbox_messages_total` of `consumer`, by outcome.
+fn outcomes_counted(snapshotter: &Snapshotter, consumer: &str) -> BTreeMap<String, u64> {
+    let mut outcomes = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        if let ("inbox_messages_total", DebugValue::Counter(n)) = (key.name(), value)
+            && label("consumer").as_deref() == Some(consumer)
+        {
+            *outcomes.entry(label("outcome").unwrap()).or_insert(0) += n;
+        }
+    }
+    outcomes
 }
