@@ -465,12 +465,12 @@ impl ConsumerContext for Rebalancing {
         error: RDKafkaRespErr,
         partitions: &mut TopicPartitionList,
     ) {
-        let assign = error == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
         let rebalance = match error {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(partitions),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(partitions),
             _ => Rebalance::Error(KafkaError::Rebalance(error.into())),
         };
+        let assign = matches!(rebalance, Rebalance::Assign(_));
         self.pre_rebalance(consumer, &rebalance);
         let cooperative = match assign {
             true => *self.cooperative.get_or_init(|| {
