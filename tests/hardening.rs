@@ -233,7 +233,7 @@ macro_rules! hardening_suite {
         #[tokio::test]
         async fn a_redelivery_before_the_backoff_runs_nothing_and_counts_no_attempt() {
             let Some(pool) = database("early_redelivery").await else { return };
-            let policy = RetryPolicy::new(5).backoff(Duration::from_secs(1), Duration::from_secs(8));
+            let policy = RetryPolicy::new(5).backoff(Duration::from_secs(10), Duration::from_secs(10));
             let inbox = builder(&pool).retry(policy).handler(pay).build().await.unwrap();
             let broker = MemoryBroker::new();
             // Five copies in flight at once: a broker that redelivers at once, or duplicates.
@@ -241,7 +241,8 @@ macro_rules! hardening_suite {
                 broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "fail")));
             }
 
-            let report = inbox.run_until(broker.source(), tokio::time::sleep(Duration::from_millis(400))).await.unwrap();
+            // Time to take all five, however slow the machine, and well before the retry is due.
+            let report = inbox.run_until(broker.source(), tokio::time::sleep(Duration::from_secs(3))).await.unwrap();
 
             assert_eq!(row(&pool, "payments", "p-1").await, Some(("failed".into(), 1)), "one attempt, not five: {report:?}");
             assert_eq!(report.not_due, 4, "{report:?}");

@@ -100,7 +100,7 @@ macro_rules! ledger_queries {
         ) -> inbox::RunReport {
             let pool = pool.clone();
             let done = async move {
-                for _ in 0..1_200 {
+                for _ in 0..2_400 {
                     if count(&pool, "applied").await >= applied {
                         return;
                     }
