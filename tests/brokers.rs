@@ -149,7 +149,8 @@ impl Server {
         self.start_again().await;
     }
 
-    /// Stops the server in order (`SIGTERM`) and waits for it to exit.
+    /// Stops the server in order (`SIGTERM`) and waits for it to exit; kills it if it has not
+    /// within a minute.
     fn stop(&mut self) {
         let pid = self.child.id().to_string();
         let stopped = std::process::Command::new("kill")
@@ -159,7 +160,23 @@ impl Server {
             stopped.is_ok_and(|status| status.success()),
             "could not stop the server"
         );
-        self.child.wait().expect("the server stops");
+        for _ in 0..600 {
+            if self.child.try_wait().expect("the server's state").is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.kill();
+    }
+
+    /// Kills the server's whole process group: a server started by a script (RabbitMQ's) runs
+    /// in a process of its own under it.
+    fn kill(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
+        let _ = self.child.wait();
     }
 
     /// Starts the stopped server again on its data, and waits until it listens.
@@ -170,14 +187,8 @@ impl Server {
 }
 
 impl Drop for Server {
-    /// Kills the server's whole process group: a server started by a script (RabbitMQ's) runs
-    /// in a process of its own under it.
     fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .status();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
@@ -1318,9 +1329,13 @@ mod suite {
             (inbox, broker.source_of_its_own().await)
         };
         common::run_then_kill(killed, async {
-            while !STALLED.lock().unwrap().iter().any(|id| id == event_id) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            let stalled = async {
+                while !STALLED.lock().unwrap().iter().any(|id| id == event_id) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            let within = tokio::time::timeout(Duration::from_secs(120), stalled).await;
+            within.expect("the run to be killed took the message it stalls on");
         });
         let inbox = stalling(pool.clone()).await;
         run_until_applied(&inbox, pool, broker.source().await, applied).await

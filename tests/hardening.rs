@@ -421,7 +421,8 @@ macro_rules! hardening_suite {
                 }
                 record(ctx, &payment).await
             }
-            let policy = quick(3).attempt_timeout(Duration::from_millis(100));
+            // Ample for p-2's own writes on a loaded machine; the hanging handler still times out.
+            let policy = quick(3).attempt_timeout(Duration::from_secs(1));
             let inbox = builder(&pool).retry(policy).handler(hangs).build().await.unwrap();
 
             let error = inbox.dispatch(&envelope("p-1", &payment("p-1", "o-1", 1, "hang"))).await.unwrap_err();
