@@ -492,8 +492,11 @@ mod rabbitmq_broker {
         /// A quorum queue of `test`'s own on the server at `url`, over a connection that recovers
         /// (with its channels and consumers) when the server comes back.
         async fn connect(url: &str, test: &str) -> Self {
-            let connection = Connection::connect(url, inbox::amqp::recovering())
+            // A first connection waits for the server as long as it is away: bounded here.
+            let connecting = Connection::connect(url, inbox::amqp::recovering());
+            let connection = tokio::time::timeout(Duration::from_secs(60), connecting)
                 .await
+                .unwrap_or_else(|_| panic!("RabbitMQ at {url} did not answer within a minute"))
                 .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url}: {e}"));
             let channel = connection.create_channel().await.expect("open a channel");
             let queue = crate::common::unique(test);

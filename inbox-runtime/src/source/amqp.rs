@@ -60,7 +60,7 @@ const RECONNECT_AT_MOST_EVERY: Duration = Duration::from_secs(2);
 /// stopped.
 ///
 /// Since this waits for the server as long as it takes, a first `Connection::connect` to a server
-/// that is not there waits too: bound it (`tokio::time::timeout`) to fail at startup instead.
+/// that is not there (or to a wrong address) waits too, instead of failing.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), inbox::SourceError> {
