@@ -534,10 +534,12 @@ async fn mysql_bulk_claim_refuses_a_row_written_after_its_read() {
         VALUES ('billing', 'step', 'm-1', 'batch.step', 'processed', X'00')";
     sqlx::query(insert).execute(&mut *other).await.unwrap();
 
+    let (connection, blocked) = tokio::sync::oneshot::channel();
     let batch = tokio::spawn({
         let pool = pool.clone();
         async move {
             let mut tx = sqlx::MySql::begin(&pool).await.unwrap();
+            connection.send(mysql_connection_id(&mut tx).await).unwrap();
             let claim = inbox_core::Claim {
                 consumer: "billing",
                 handler: "step",
@@ -553,7 +555,7 @@ async fn mysql_bulk_claim_refuses_a_row_written_after_its_read() {
                 .map(|claims| claims.inserted)
         }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    mysql_runs_its_insert(&pool, blocked.await.unwrap()).await;
     other.commit().await.unwrap();
     let claimed = batch.await.unwrap();
 
@@ -580,16 +582,18 @@ async fn mysql_bulk_advance_waits_for_a_stream_moved_meanwhile() {
     let advance = "UPDATE inbox_streams SET last_sequence = 5 WHERE aggregate_id = 'a-1'";
     sqlx::query(advance).execute(&mut *other).await.unwrap();
 
+    let (connection, blocked) = tokio::sync::oneshot::channel();
     let batch = tokio::spawn({
         let pool = pool.clone();
         async move {
             let mut tx = sqlx::MySql::begin(&pool).await.unwrap();
+            connection.send(mysql_connection_id(&mut tx).await).unwrap();
             let moved = bulk::advance(&mut tx, "billing", &[("step", "a-1", 3)]).await;
             tx.commit().await.unwrap();
             moved.unwrap()
         }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    mysql_runs_its_insert(&pool, blocked.await.unwrap()).await;
     other.commit().await.unwrap();
     let moved = batch.await.unwrap();
 
@@ -599,6 +603,35 @@ async fn mysql_bulk_advance_waits_for_a_stream_moved_meanwhile() {
         .unwrap();
     assert!(moved.is_empty(), "the message is stale: {moved:?}");
     assert_eq!(last, 5);
+}
+
+/// The server's id of the connection `tx` runs on.
+#[cfg(feature = "mysql")]
+async fn mysql_connection_id(tx: &mut sqlx::MySqlConnection) -> u64 {
+    let id = sqlx::query_scalar("SELECT CONNECTION_ID()");
+    id.fetch_one(&mut *tx).await.unwrap()
+}
+
+/// Returns once connection `id` runs a statement that writes to the inbox's tables (MariaDB lists
+/// a statement blocked on a row lock as running: its state is that of its work, not the wait).
+#[cfg(feature = "mysql")]
+async fn mysql_runs_its_insert(pool: &sqlx::MySqlPool, id: u64) {
+    let running = "SELECT COUNT(*) FROM information_schema.processlist \
+        WHERE ID = ? AND INFO LIKE 'INSERT INTO inbox\\_%'";
+    for _ in 0..600 {
+        let count: i64 = sqlx::query_scalar(running)
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if count > 0 {
+            // Past its start, where the statement reads what is committed, to the lock.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("connection {id} never ran its insert");
 }
 
 #[derive(Debug, Clone, inbox::prelude::Serialize, inbox::prelude::Deserialize, inbox::Message)]
