@@ -618,20 +618,17 @@ async fn mysql_connection_id(tx: &mut sqlx::MySqlConnection) -> u64 {
 async fn mysql_runs_its_insert(pool: &sqlx::MySqlPool, id: u64) {
     let running = "SELECT COUNT(*) FROM information_schema.processlist \
         WHERE ID = ? AND INFO LIKE 'INSERT INTO inbox\\_%'";
-    for _ in 0..600 {
+    common::eventually_async("the batch runs its insert", || async {
         let count: i64 = sqlx::query_scalar(running)
             .bind(id)
             .fetch_one(pool)
             .await
             .unwrap();
-        if count > 0 {
-            // Past its start, where the statement reads what is committed, to the lock.
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("connection {id} never ran its insert");
+        count > 0
+    })
+    .await;
+    // Past its start, where the statement reads what is committed, to the lock.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 }
 
 #[derive(Debug, Clone, inbox::prelude::Serialize, inbox::prelude::Deserialize, inbox::Message)]

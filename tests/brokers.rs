@@ -564,11 +564,7 @@ mod rabbitmq_broker {
         tokio::time::sleep(Duration::from_secs(65)).await;
         server.start_again().await;
         let back = std::time::Instant::now();
-        let mut n = 1;
-        while !super::suite::published_within_seconds(&broker, &envelope(n)).await {
-            n += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        super::suite::publish_eventually(&broker, &envelope(1)).await;
 
         let late = back.elapsed();
         assert!(
@@ -1484,7 +1480,7 @@ mod suite {
     /// Publishes `envelope`, trying again while the broker's client reconnects (a broker that
     /// boots a runtime of its own, as RabbitMQ's Erlang node does, may take many seconds on a
     /// loaded machine).
-    async fn publish_eventually<B: TestBroker>(broker: &B, envelope: &Envelope) {
+    pub async fn publish_eventually<B: TestBroker>(broker: &B, envelope: &Envelope) {
         for _ in 0..400 {
             if published_within_seconds(broker, envelope).await {
                 return;
@@ -1496,7 +1492,7 @@ mod suite {
 
     /// Whether `broker` took `envelope` within five seconds: a publish to a server that is
     /// coming back may wait for a confirm that never comes.
-    pub async fn published_within_seconds<B: TestBroker>(broker: &B, envelope: &Envelope) -> bool {
+    async fn published_within_seconds<B: TestBroker>(broker: &B, envelope: &Envelope) -> bool {
         let publish = broker.publish(envelope);
         let taken = tokio::time::timeout(Duration::from_secs(5), publish).await;
         matches!(taken, Ok(Ok(())))

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use inbox::prelude::*;
 use inbox::{Batch, MemoryBroker, Retention, RetryPolicy};
+use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 #[derive(Debug, Clone, Serialize, Deserialize, Message)]
@@ -128,13 +129,8 @@ async fn a_scripted_run_counts_every_outcome() {
 
     let mut outcomes = BTreeMap::new();
     let mut named = BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        let label = |name: &str| {
-            key.labels()
-                .find(|l| l.key() == name)
-                .map(|l| l.value().to_owned())
-        };
+    for (composite, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (key, label) = (composite.key(), |name| label(&composite, name));
         if label("consumer").is_some_and(|consumer| consumer != "billing") {
             continue;
         }
@@ -267,17 +263,19 @@ async fn a_batched_run_counts_the_outcomes_one_per_transaction_counts() {
 fn outcomes_counted(snapshotter: &Snapshotter, consumer: &str) -> BTreeMap<String, u64> {
     let mut outcomes = BTreeMap::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        let label = |name: &str| {
-            key.labels()
-                .find(|l| l.key() == name)
-                .map(|l| l.value().to_owned())
-        };
-        if let ("inbox_messages_total", DebugValue::Counter(n)) = (key.name(), value)
-            && label("consumer").as_deref() == Some(consumer)
+        if let ("inbox_messages_total", DebugValue::Counter(n)) = (key.key().name(), value)
+            && label(&key, "consumer").as_deref() == Some(consumer)
         {
-            *outcomes.entry(label("outcome").unwrap()).or_insert(0) += n;
+            *outcomes.entry(label(&key, "outcome").unwrap()).or_insert(0) += n;
         }
     }
     outcomes
+}
+
+/// The value of the label `name` of the metric `key`, if it has one.
+fn label(key: &CompositeKey, name: &str) -> Option<String> {
+    let mut labels = key.key().labels();
+    labels
+        .find(|l| l.key() == name)
+        .map(|l| l.value().to_owned())
 }
