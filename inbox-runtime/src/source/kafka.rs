@@ -11,7 +11,9 @@
 //!
 //! - **Commits**: at most every [commit interval](KafkaSourceBuilder::commit_interval) (1 s by
 //!   default) while the run pulls or waits, before a partition is given up in a rebalance, and
-//!   when the source is dropped at the end of a run. `enable.auto.commit` is turned off.
+//!   when the source is dropped at the end of a run. `enable.auto.commit` is turned off. A
+//!   commit that fails (the broker away, the group rebalancing) is made again at the next
+//!   interval, though no message has settled since.
 //! - **Rebalances**: before partitions are revoked, the source waits (up to the
 //!   [revoke timeout](KafkaSourceBuilder::revoke_timeout), 5 s by default) for their messages in
 //!   flight to settle, commits what is settled, and forgets the rest: the partition's next owner
@@ -48,7 +50,7 @@ use inbox_core::outbox::AGGREGATE_ID;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
 };
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
@@ -120,6 +122,7 @@ impl KafkaSource {
             && let Err(error) = self.consumer.commit(&settled, CommitMode::Async)
         {
             tracing::warn!(%error, "committing offsets failed; they are committed again later");
+            self.offsets.commit_failed(&settled);
         }
     }
 
@@ -355,6 +358,9 @@ struct Partition {
     /// The offset to commit (one past the last of the settled prefix), if it has moved since
     /// the last commit.
     to_commit: Option<i64>,
+    /// The offset the last commit of this ownership sent: if that commit fails, it is the one to
+    /// commit again, unless the prefix has moved since.
+    committing: Option<i64>,
 }
 
 impl Offsets {
@@ -370,6 +376,7 @@ impl Offsets {
             generation: self.new_generation(),
             in_flight: BTreeMap::new(),
             to_commit: None,
+            committing: None,
         });
         partition.in_flight.entry(position.offset).or_insert(false);
         partition.generation
@@ -416,11 +423,30 @@ impl Offsets {
         for ((topic, number), partition) in self.lock().iter_mut() {
             let wanted = only.is_none_or(|list| list.find_partition(topic, *number).is_some());
             if let (true, Some(offset)) = (wanted, partition.to_commit.take()) {
+                partition.committing = Some(offset);
                 // An offset is valid: it came from a message of this partition.
                 let _ = settled.add_partition_offset(topic, *number, Offset::Offset(offset));
             }
         }
         settled
+    }
+
+    /// Takes the offsets in `failed`, whose commit failed, as to commit again: each where its
+    /// partition is still owned as when the commit took it, and its settled prefix has not moved
+    /// since (a later commit carries the prefix past it).
+    fn commit_failed(&self, failed: &TopicPartitionList) {
+        let mut partitions = self.lock();
+        for element in failed.elements() {
+            let key = (element.topic().to_owned(), element.partition());
+            let (Some(partition), Offset::Offset(offset)) =
+                (partitions.get_mut(&key), element.offset())
+            else {
+                continue;
+            };
+            if partition.committing == Some(offset) && partition.to_commit.is_none() {
+                partition.to_commit = Some(offset);
+            }
+        }
     }
 
     /// Whether the partitions in `list` have nothing in flight.
@@ -454,6 +480,18 @@ struct Rebalancing {
 impl ClientContext for Rebalancing {}
 
 impl ConsumerContext for Rebalancing {
+    /// A commit the broker refused (or that never reached it) is made again with the next one.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        let failed: TopicPartitionList = match result {
+            Err(error) => {
+                tracing::warn!(%error, "committing offsets failed; they are committed again later");
+                offsets.clone()
+            }
+            Ok(()) => failed_partitions(offsets),
+        };
+        self.offsets.commit_failed(&failed);
+    }
+
     /// Takes or gives up partitions as rdkafka's own rebalance does, except that it asks
     /// librdkafka for the group's protocol only at the first assignment: asked again in the
     /// revocation that closing the consumer makes (when the source is dropped at the end of a
@@ -509,6 +547,20 @@ impl ConsumerContext for Rebalancing {
         }
         self.offsets.forget(revoked);
     }
+}
+
+/// The partitions of a commit that the broker refused one by one.
+fn failed_partitions(offsets: &TopicPartitionList) -> TopicPartitionList {
+    let mut failed = TopicPartitionList::new();
+    for element in offsets.elements() {
+        if let Err(error) = element.error() {
+            tracing::warn!(%error, topic = element.topic(), partition = element.partition(),
+                "committing a partition's offset failed; it is committed again later");
+            let _ =
+                failed.add_partition_offset(element.topic(), element.partition(), element.offset());
+        }
+    }
+    failed
 }
 
 /// Settles one message.
@@ -630,5 +682,74 @@ fn produce_error(error: rdkafka::error::KafkaError) -> SinkError {
     match error.rdkafka_error_code() {
         Some(code) if REFUSED.contains(&code) => SinkError::Refused(error.to_string()),
         _ => SinkError::unavailable(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(offset: i64) -> Position {
+        Position {
+            topic: "orders".to_owned(),
+            partition: 0,
+            offset,
+        }
+    }
+
+    /// A partition's offsets 0, 1 and 2 delivered and settled, and the commit that took them;
+    /// with the partition's ownership.
+    fn three_settled_and_sent() -> (Offsets, u64, TopicPartitionList) {
+        let offsets = Offsets::default();
+        let generation = offsets.yielded(&at(0));
+        for offset in 0..3 {
+            offsets.yielded(&at(offset));
+            offsets.settle(&at(offset), generation);
+        }
+        let sent = offsets.take_settled(None);
+        (offsets, generation, sent)
+    }
+
+    fn committed(list: &TopicPartitionList) -> Option<Offset> {
+        list.find_partition("orders", 0)
+            .map(|element| element.offset())
+    }
+
+    /// The partition's offset the next commit takes, if any.
+    fn next_commit(offsets: &Offsets) -> Option<Offset> {
+        committed(&offsets.take_settled(None))
+    }
+
+    #[test]
+    fn an_offset_whose_commit_failed_is_committed_again() {
+        let (offsets, _, sent) = three_settled_and_sent();
+        assert_eq!(committed(&sent), Some(Offset::Offset(3)));
+        assert_eq!(next_commit(&offsets), None);
+
+        offsets.commit_failed(&sent);
+        assert_eq!(next_commit(&offsets), Some(Offset::Offset(3)));
+    }
+
+    #[test]
+    fn a_failed_commit_leaves_a_prefix_that_moved_since_as_it_is() {
+        let (offsets, generation, sent) = three_settled_and_sent();
+        offsets.yielded(&at(3));
+        offsets.settle(&at(3), generation);
+
+        offsets.commit_failed(&sent);
+        assert_eq!(next_commit(&offsets), Some(Offset::Offset(4)));
+    }
+
+    #[test]
+    fn a_failed_commit_of_an_earlier_ownership_is_not_made_again() {
+        let (offsets, _, sent) = three_settled_and_sent();
+        let mut revoked = TopicPartitionList::new();
+        revoked.add_partition("orders", 0);
+        offsets.forget(&revoked);
+        // Owned again, from the offset the group had committed before: 3 is not settled now.
+        offsets.yielded(&at(0));
+
+        offsets.commit_failed(&sent);
+        assert_eq!(next_commit(&offsets), None);
     }
 }
