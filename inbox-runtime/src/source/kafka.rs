@@ -53,6 +53,7 @@ use rdkafka::consumer::{
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::TopicPartitionListElem;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -122,7 +123,7 @@ impl KafkaSource {
             && let Err(error) = self.consumer.commit(&settled, CommitMode::Async)
         {
             tracing::warn!(%error, "committing offsets failed; they are committed again later");
-            self.offsets.commit_failed(&settled);
+            self.offsets.commit_failed(settled.elements());
         }
     }
 
@@ -434,9 +435,9 @@ impl Offsets {
     /// Takes the offsets in `failed`, whose commit failed, as to commit again: each where its
     /// partition is still owned as when the commit took it, and its settled prefix has not moved
     /// since (a later commit carries the prefix past it).
-    fn commit_failed(&self, failed: &TopicPartitionList) {
+    fn commit_failed<'a>(&self, failed: impl IntoIterator<Item = TopicPartitionListElem<'a>>) {
         let mut partitions = self.lock();
-        for element in failed.elements() {
+        for element in failed {
             let key = (element.topic().to_owned(), element.partition());
             let (Some(partition), Offset::Offset(offset)) =
                 (partitions.get_mut(&key), element.offset())
@@ -480,16 +481,18 @@ struct Rebalancing {
 impl ClientContext for Rebalancing {}
 
 impl ConsumerContext for Rebalancing {
-    /// A commit the broker refused (or that never reached it) is made again with the next one.
+    /// A commit the broker refused (or that never reached it) is made again with the next one,
+    /// and so is a partition whose commit alone failed.
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        let failed: TopicPartitionList = match result {
+        let elements = offsets.elements();
+        let failed = match result {
             Err(error) => {
                 tracing::warn!(%error, "committing offsets failed; they are committed again later");
-                offsets.clone()
+                elements
             }
-            Ok(()) => failed_partitions(offsets),
+            Ok(()) => elements.into_iter().filter(refused_alone).collect(),
         };
-        self.offsets.commit_failed(&failed);
+        self.offsets.commit_failed(failed);
     }
 
     /// Takes or gives up partitions as rdkafka's own rebalance does, except that it asks
@@ -549,18 +552,14 @@ impl ConsumerContext for Rebalancing {
     }
 }
 
-/// The partitions of a commit that the broker refused one by one.
-fn failed_partitions(offsets: &TopicPartitionList) -> TopicPartitionList {
-    let mut failed = TopicPartitionList::new();
-    for element in offsets.elements() {
-        if let Err(error) = element.error() {
-            tracing::warn!(%error, topic = element.topic(), partition = element.partition(),
-                "committing a partition's offset failed; it is committed again later");
-            let _ =
-                failed.add_partition_offset(element.topic(), element.partition(), element.offset());
-        }
-    }
-    failed
+/// Whether the broker refused this partition's commit (the others' may have passed).
+fn refused_alone(element: &TopicPartitionListElem<'_>) -> bool {
+    let Err(error) = element.error() else {
+        return false;
+    };
+    tracing::warn!(%error, topic = element.topic(), partition = element.partition(),
+        "committing a partition's offset failed; it is committed again later");
+    true
 }
 
 /// Settles one message.
@@ -726,7 +725,7 @@ mod tests {
         assert_eq!(committed(&sent), Some(Offset::Offset(3)));
         assert_eq!(next_commit(&offsets), None);
 
-        offsets.commit_failed(&sent);
+        offsets.commit_failed(sent.elements());
         assert_eq!(next_commit(&offsets), Some(Offset::Offset(3)));
     }
 
@@ -736,7 +735,7 @@ mod tests {
         offsets.yielded(&at(3));
         offsets.settle(&at(3), generation);
 
-        offsets.commit_failed(&sent);
+        offsets.commit_failed(sent.elements());
         assert_eq!(next_commit(&offsets), Some(Offset::Offset(4)));
     }
 
@@ -749,7 +748,7 @@ mod tests {
         // Owned again, from the offset the group had committed before: 3 is not settled now.
         offsets.yielded(&at(0));
 
-        offsets.commit_failed(&sent);
+        offsets.commit_failed(sent.elements());
         assert_eq!(next_commit(&offsets), None);
     }
 }
