@@ -548,6 +548,100 @@ mod rabbitmq_broker {
         assert_eq!(envelope.correlation_id(), Some("c-7"), "{envelope:?}");
     }
 
+    /// A source that counts what it hands over.
+    struct Counted {
+        source: AmqpSource,
+        deliveries: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl inbox::Source for Counted {
+        async fn next(&mut self) -> Result<Option<inbox::Delivery>, inbox::SourceError> {
+            let next = self.source.next().await;
+            if matches!(next, Ok(Some(_))) {
+                self.deliveries
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            next
+        }
+    }
+
+    /// A classic queue counts no deliveries (it says only "redelivered"), so the attempt it gives
+    /// stops at 2; the run counts its own hand-backs, and a delivery the database cannot take
+    /// comes back after 100 ms, 200 ms, 400 ms, 800 ms, 1.6 s: six times in 3 s, where a delay
+    /// stuck at 200 ms would bring it fifteen times.
+    #[tokio::test]
+    async fn on_a_classic_queue_the_delays_of_a_handed_back_delivery_grow() {
+        let Some(broker) = RabbitMq::new("amqp_classic").await else {
+            return;
+        };
+        let queue = format!("{}-classic", broker.queue);
+        let options = QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        };
+        let declared =
+            broker
+                .channel
+                .queue_declare(queue.as_str().into(), options, FieldTable::default());
+        declared.await.expect("declare a classic queue");
+        let envelope = crate::envelope(&crate::Credited::new("e-1", "acct", 1, 5));
+        let published = broker.publisher.publish(&queue, &envelope);
+        published.await.expect("publish");
+        let pool = crate::ledger("amqp_classic").await.expect("SQLite");
+        let inbox = inbox::Inbox::builder(pool.clone())
+            .handler(crate::credit)
+            .build()
+            .await
+            .unwrap();
+        pool.close().await;
+        let source = AmqpSource::builder(&broker.connection, &queue).build();
+        let deliveries = std::sync::Arc::default();
+        let counted = Counted {
+            source: source.await.expect("build the source"),
+            deliveries: std::sync::Arc::clone(&deliveries),
+        };
+
+        let stop = tokio::time::sleep(Duration::from_secs(3));
+        let report = inbox.run_until(counted, stop).await.unwrap();
+
+        let deliveries = deliveries.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            (2..=7).contains(&deliveries),
+            "delivered {deliveries} times in 3 s: {report:?}"
+        );
+        assert_eq!(report.acked, 0, "{report:?}");
+    }
+
+    /// A `timestamp` property no clock can hold (any `u64` is allowed on the wire) is no time of
+    /// publication: the message is delivered without one, and a sound timestamp is kept.
+    #[tokio::test]
+    async fn a_timestamp_past_what_the_clock_holds_is_left_out() {
+        let Some(broker) = RabbitMq::new("amqp_timestamp").await else {
+            return;
+        };
+        for (id, seconds) in [("m-far", u64::MAX), ("m-now", 1_700_000_000)] {
+            let properties = BasicProperties::default()
+                .with_type("test.credited".into())
+                .with_message_id(id.into())
+                .with_timestamp(seconds);
+            let queue = broker.queue.as_str().into();
+            let options = BasicPublishOptions::default();
+            let sent = broker
+                .channel
+                .basic_publish("".into(), queue, options, b"{}", properties);
+            sent.await.expect("publish").await.expect("publish confirm");
+        }
+        let mut source = broker.source().await;
+
+        let far = crate::first_delivery(&mut source).await;
+        let now = crate::first_delivery(&mut source).await;
+
+        assert_eq!(far.envelope().id(), "m-far");
+        assert_eq!(far.envelope().produced_at(), None);
+        let sound = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(now.envelope().produced_at(), Some(sound));
+    }
+
     /// A connection made with `inbox::amqp::recovering()` is back within seconds of a server that
     /// was away for long: lapin's own schedule (`enable_auto_recover()` alone) tries 64 s after
     /// the drop, then 124 s, so a server back after 65 s and its boot would be seen 40 s or more

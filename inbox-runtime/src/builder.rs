@@ -192,6 +192,7 @@ impl<DB: Backend> Settings<DB> {
             batch,
             registry,
             source: Default::default(),
+            hand_backs: Default::default(),
         }))
     }
 }

@@ -65,6 +65,8 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) writer: Option<tokio::sync::Mutex<Box<dyn Connect<DB>>>>,
     /// What the running source did last, for [`Inbox::health`].
     pub(crate) source: crate::health::SourceState,
+    /// The deliveries the runs handed back, counted for the sources that count poorly.
+    pub(crate) hand_backs: crate::hand_backs::HandBacks,
 }
 
 /// Why [`Inbox::run`] stopped before its source ended.

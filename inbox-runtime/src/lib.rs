@@ -5,6 +5,7 @@
 
 mod batch;
 mod builder;
+mod hand_backs;
 mod health;
 mod inbox;
 mod keep_alive;

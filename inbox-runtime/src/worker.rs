@@ -240,6 +240,10 @@ async fn route<DB: Backend, S: Source>(
         };
         source_errors = 0;
         shared.source.delivered();
+        let counted = shared
+            .hand_backs
+            .attempt(delivery.envelope().id(), delivery.attempt());
+        let delivery = delivery.counted_at_least(counted);
         if let Some(reason) = delivery.unreadable_reason() {
             let error = Error::Unreadable(reason.to_owned());
             reject(shared, delivery, error, report).await;
@@ -311,22 +315,29 @@ async fn reject<DB: Backend>(
     let (envelope, attempt, acker) = delivery.into_parts();
     report.delivered(&mut Vec::new());
     let kept = keep_rejected(shared, &envelope, &error, report).await;
-    if let Err(error) = terminate_if_kept(kept, acker, attempt).await {
+    let settled = terminate_if_kept(shared, &envelope, kept, acker, attempt);
+    if let Err(error) = settled.await {
         tracing::warn!(%error, "settling a rejected delivery failed; the broker will redeliver it");
     }
 }
 
-/// Terminates a delivery once it is kept as rejected; one that could not be kept is handed back
-/// after a delay that grows with its `attempt`.
-async fn terminate_if_kept(
+/// Terminates a delivery of `envelope` once it is kept as rejected; one that could not be kept
+/// is handed back after a delay that grows with its `attempt`.
+async fn terminate_if_kept<DB: Backend>(
+    shared: &Shared<DB>,
+    envelope: &Envelope,
     kept: Result<(), sqlx::Error>,
     acker: Box<dyn Acknowledge>,
     attempt: u32,
 ) -> Result<(), SourceError> {
     match kept {
-        Ok(()) => acker.terminate().await,
+        Ok(()) => {
+            shared.hand_backs.settled(envelope.id());
+            acker.terminate().await
+        }
         Err(database) => {
             tracing::error!(%database, "could not keep a rejected delivery; handing it back");
+            shared.hand_backs.handed_back(envelope.id());
             acker.nack(growing_delay(attempt)).await
         }
     }
@@ -488,13 +499,16 @@ async fn settle_delivery<DB: Backend>(
     {
         shared.record_lag(&pending.envelope);
     }
+    let id = pending.envelope.id();
     let settled = match settle(&results, pending.attempt, report) {
         Settlement::Ack => {
             report.acked += 1;
+            shared.hand_backs.settled(id);
             acker.ack().await
         }
         Settlement::Terminate => {
             report.acked += 1;
+            shared.hand_backs.settled(id);
             acker.terminate().await
         }
         Settlement::Retry(delay) => {
@@ -503,12 +517,13 @@ async fn settle_delivery<DB: Backend>(
         }
         Settlement::HandBack(delay) => {
             report.failed += 1;
+            shared.hand_backs.handed_back(id);
             acker.nack(delay).await
         }
         Settlement::Reject(reason) => {
             let kept = store_rejected(shared, &pending.envelope, &reason, report).await;
             report.failed += u64::from(kept.is_err());
-            terminate_if_kept(kept, acker, pending.attempt).await
+            terminate_if_kept(shared, &pending.envelope, kept, acker, pending.attempt).await
         }
     };
     in_flight(&shared.consumer).decrement(1.0);

@@ -14,17 +14,20 @@
 //!   broker's `consumer_timeout`, 30 minutes by default).
 //! - **Dead or rejected**: acknowledged, since the inbox has kept it (a `reject` would route it to
 //!   the queue's dead-letter exchange, a second copy).
-//! - **Attempt**: `x-delivery-count` + 1 on quorum queues; elsewhere 2 for a redelivered message.
+//! - **Attempt**: `x-delivery-count` + 1 on quorum queues; elsewhere 2 for a redelivered message,
+//!   or more where the run handed it back more often itself (it counts its own hand-backs), so
+//!   that the delays of a delivery the database cannot take grow on classic queues too.
 //! - **Backpressure**: `basic.qos` prefetch ([`AmqpSourceBuilder::prefetch`], 64 by default).
 //! - **Reconnect**: on a connection made with [`recovering`] properties (lapin's recovery, trying
 //!   again at most every 2 s for as long as the server is away) the consumer resumes after the
 //!   connection comes back; errors meanwhile go to the run, which asks again after a growing delay.
 //!   What was unacknowledged when the connection dropped is requeued by the broker.
 //! - **Mapping**: type tag and id from the [`HeaderNames`] headers, else the `type` and
-//!   `message_id` properties; `produced_at` from the `timestamp` property; the `correlation_id`
-//!   property as the `correlation-id` header (a header of that name wins); the routing key as the
-//!   `destination` header, the exchange as `exchange`, and the other headers as they are. A message
-//!   without a type tag is a delivery the run keeps as rejected, with its bytes.
+//!   `message_id` properties; `produced_at` from the `timestamp` property (none for a timestamp
+//!   past what the clock can hold); the `correlation_id` property as the `correlation-id` header
+//!   (a header of that name wins); the routing key as the `destination` header, the exchange as
+//!   `exchange`, and the other headers as they are. A message without a type tag is a delivery
+//!   the run keeps as rejected, with its bytes.
 //!
 //! Several processes consuming one queue share its messages. To keep an aggregate on one
 //! consumer, declare the queue with `x-single-active-consumer` (one consumer at a time, the others
@@ -243,9 +246,12 @@ fn from_amqp(delivery: lapin::message::Delivery, names: &HeaderNames) -> Deliver
     if let Some(correlation) = property(properties.correlation_id()) {
         envelope = envelope.with_header("correlation-id", correlation);
     }
-    if let Some(seconds) = properties.timestamp() {
-        envelope =
-            envelope.with_produced_at(SystemTime::UNIX_EPOCH + Duration::from_secs(*seconds));
+    // A timestamp past what the clock can hold says nothing of when the message was published.
+    let produced_at = properties
+        .timestamp()
+        .and_then(|seconds| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds)));
+    if let Some(produced_at) = produced_at {
+        envelope = envelope.with_produced_at(produced_at);
     }
     for (name, value) in headers {
         if let Some(value) = text(value) {

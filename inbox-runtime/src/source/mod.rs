@@ -201,6 +201,14 @@ impl Delivery {
         self.attempt
     }
 
+    /// The delivery, counted as at least its `attempt`-th.
+    pub(crate) fn counted_at_least(self, attempt: u32) -> Self {
+        Self {
+            attempt: self.attempt.max(attempt),
+            ..self
+        }
+    }
+
     /// The envelope, the delivery count and the means to settle, apart.
     pub(crate) fn into_parts(self) -> (Envelope, u32, Box<dyn Acknowledge>) {
         (self.envelope, self.attempt, self.acker)
