@@ -449,13 +449,7 @@ mod rabbitmq_broker {
         }
 
         async fn publish_untagged(&self, payload: &[u8]) {
-            let options = BasicPublishOptions::default();
-            let properties = BasicProperties::default();
-            let queue = self.queue.as_str().into();
-            let sent = self
-                .channel
-                .basic_publish("".into(), queue, options, payload, properties);
-            sent.await.expect("publish").await.expect("publish confirm");
+            self.publish_raw(payload, BasicProperties::default()).await;
         }
     }
 
@@ -489,6 +483,16 @@ mod rabbitmq_broker {
     }
 
     impl RabbitMq {
+        /// Publishes `payload` to the queue with `properties` as they are, confirmed.
+        async fn publish_raw(&self, payload: &[u8], properties: BasicProperties) {
+            let options = BasicPublishOptions::default();
+            let queue = self.queue.as_str().into();
+            let sent = self
+                .channel
+                .basic_publish("".into(), queue, options, payload, properties);
+            sent.await.expect("publish").await.expect("publish confirm");
+        }
+
         /// A quorum queue of `test`'s own on the server at `url`, over a connection that recovers
         /// (with its channels and consumers) when the server comes back.
         async fn connect(url: &str, test: &str) -> Self {
@@ -535,12 +539,7 @@ mod rabbitmq_broker {
             .with_type("test.credited".into())
             .with_message_id("m-1".into())
             .with_correlation_id("c-7".into());
-        let queue = broker.queue.as_str().into();
-        let options = BasicPublishOptions::default();
-        let sent = broker
-            .channel
-            .basic_publish("".into(), queue, options, b"{}", properties);
-        sent.await.expect("publish").await.expect("publish confirm");
+        broker.publish_raw(b"{}", properties).await;
 
         let delivery = crate::first_delivery(&mut broker.source().await).await;
 
@@ -624,12 +623,7 @@ mod rabbitmq_broker {
                 .with_type("test.credited".into())
                 .with_message_id(id.into())
                 .with_timestamp(seconds);
-            let queue = broker.queue.as_str().into();
-            let options = BasicPublishOptions::default();
-            let sent = broker
-                .channel
-                .basic_publish("".into(), queue, options, b"{}", properties);
-            sent.await.expect("publish").await.expect("publish confirm");
+            broker.publish_raw(b"{}", properties).await;
         }
         let mut source = broker.source().await;
 
