@@ -146,6 +146,22 @@ macro_rules! strict_suite {
             assert_eq!(last_sequence(&pool, "credit_strict", "acct").await, Some(3));
         }
 
+        /// Delivered 2, 1, 3 (in one batch, in batched mode): 2 is parked, 1 applies and
+        /// releases it, and 3 then finds 2 applied, as one message per transaction would.
+        #[tokio::test]
+        async fn the_message_after_a_release_applies_in_its_own_turn() {
+            let Some(pool) = ledger("after_release").await else { return };
+            let broker = MemoryBroker::new();
+            publish(&broker, &[event("acct", 2), event("acct", 1), event("acct", 3)]);
+
+            let report: RunReport = inbox(&pool).await.run(broker.source()).await.unwrap();
+
+            let outcomes = [Outcome::Parked, Outcome::Processed, Outcome::Released];
+            let counts = outcomes.map(|outcome| report.handler_calls_with(outcome));
+            assert_eq!(counts, [1, 2, 1], "{report:?}");
+            assert_eq!(sequences(&pool, "acct").await, [1, 2, 3]);
+        }
+
         #[tokio::test]
         async fn a_failing_message_is_not_overtaken_while_it_waits_for_its_retry() {
             let Some(pool) = ledger("strict_retry").await else { return };

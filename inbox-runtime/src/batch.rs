@@ -7,6 +7,8 @@ use std::time::Duration;
 /// its batch first with the jobs waiting behind the aggregates the batch already holds, then with
 /// the oldest jobs of aggregates no other worker holds; one aggregate's jobs keep their order,
 /// within and across batches, each later one placed as if it came after the one before it.
+/// Under strict ordering a batch takes one message of an aggregate: the parked successors it
+/// releases apply once the batch committed, before the aggregate's next message is placed.
 ///
 /// The batch claims all its messages, reads the duplicates' rows and advances their streams in
 /// one statement each (one more for the streams with several messages in the batch), then runs

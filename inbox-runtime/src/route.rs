@@ -147,6 +147,8 @@ pub(crate) trait Route<DB: Backend>: Send + Sync {
 /// One decoded message for one handler.
 pub(crate) trait Job<DB: Backend>: Send {
     fn aggregate(&self) -> Option<&str>;
+    /// Whether its handler orders messages strictly.
+    fn strict(&self) -> bool;
     fn message_id(&self) -> &str;
     /// Guards the message in a transaction of its own.
     fn run<'a>(
@@ -303,6 +305,10 @@ impl<DB: Backend, H: Handler<DB>> Job<DB> for HandlerJob<H, DB> {
 
     fn message_id(&self) -> &str {
         self.identity.message_id()
+    }
+
+    fn strict(&self) -> bool {
+        matches!(self.handler.ordering(), Ordering::Strict { .. })
     }
 
     fn handler(&self) -> &'static str {

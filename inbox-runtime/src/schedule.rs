@@ -19,8 +19,21 @@ pub(crate) type Key = (&'static str, Serial);
 pub(crate) enum Serial {
     /// The aggregate, for a handler with one: its messages in arrival order.
     Aggregate(String),
+    /// The aggregate, for a handler under strict ordering: its messages in arrival order, one
+    /// per batch (see [`Serial::shares_batches`]).
+    Strict(String),
     /// The message id, for a handler without: copies of one message never race each other.
     Message(String),
+}
+
+impl Serial {
+    /// Whether a batch may take more than one job of this key. Not under strict ordering: the
+    /// parked successors a message releases apply after its batch commits, and the key's next
+    /// message must find them applied, as it does one message per transaction (else it would be
+    /// parked behind them, and released in turn).
+    fn shares_batches(&self) -> bool {
+        !matches!(self, Serial::Strict(_))
+    }
 }
 
 /// Jobs waiting for a worker, and the keys of those being handled.
@@ -225,12 +238,13 @@ impl<T> State<T> {
                 (0, _) => {
                     self.ready.insert(arrival, key);
                 }
-                (_, Some(batch)) => {
+                (_, Some(batch)) if key.1.shares_batches() => {
                     if let Some(held) = self.filling.get_mut(&batch) {
                         held.behind.insert(arrival, key);
                     }
                 }
-                (_, None) => {}
+                // Busy elsewhere, or in a batch that takes one job of it: it waits to be free.
+                _ => {}
             }
         }
         queue.jobs.push_back((arrival, job));
@@ -269,7 +283,7 @@ impl<T> State<T> {
         if queue.filling.replace(batch).is_none() {
             held.keys.push(key.clone());
         }
-        if let Some((arrival, _)) = queue.jobs.front() {
+        if let Some((arrival, _)) = queue.jobs.front().filter(|_| key.1.shares_batches()) {
             held.behind.insert(*arrival, key.clone());
         }
     }
@@ -361,6 +375,33 @@ mod tests {
         drop(rest);
         scheduler.close();
         assert!(scheduler.take().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_one_job_of_a_strict_key() {
+        let scheduler = Scheduler::new(1, 16);
+        let strict = ("strict", Serial::Strict("a".to_owned()));
+        scheduler.push(strict.clone(), 1);
+        scheduler.push(key("b"), 2);
+        scheduler.push(strict.clone(), 3);
+        scheduler.push(key("b"), 4);
+
+        let taken = scheduler.take_up_to(10, Duration::ZERO).await;
+        scheduler.push(strict, 5);
+        let more = scheduler.take_up_to(10, Duration::ZERO).await;
+
+        assert_eq!(
+            jobs(&taken),
+            vec![1, 2, 4],
+            "a's later jobs wait for the batch to end"
+        );
+        assert!(
+            more.is_empty(),
+            "nor does another batch take them meanwhile"
+        );
+        drop((taken, more));
+        let rest = scheduler.take_up_to(10, Duration::ZERO).await;
+        assert_eq!(jobs(&rest), vec![3], "then the next one, alone");
     }
 
     #[tokio::test]

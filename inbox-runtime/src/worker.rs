@@ -275,6 +275,7 @@ async fn route<DB: Backend, S: Source>(
         }
         for job in jobs {
             let serial = match job.aggregate() {
+                Some(aggregate) if job.strict() => Serial::Strict(aggregate.to_owned()),
                 Some(aggregate) => Serial::Aggregate(aggregate.to_owned()),
                 None => Serial::Message(job.message_id().to_owned()),
             };
