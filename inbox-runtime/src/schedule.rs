@@ -379,7 +379,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_takes_one_job_of_a_strict_key() {
-        let scheduler = Scheduler::new(1, 16);
+        let scheduler = Scheduler::new(2, 16);
         let strict = ("strict", Serial::Strict("a".to_owned()));
         scheduler.push(strict.clone(), 1);
         scheduler.push(key("b"), 2);
@@ -388,20 +388,22 @@ mod tests {
 
         let taken = scheduler.take_up_to(10, Duration::ZERO).await;
         scheduler.push(strict, 5);
-        let more = scheduler.take_up_to(10, Duration::ZERO).await;
+        scheduler.push(key("c"), 6);
+        let other = scheduler.take_up_to(10, Duration::ZERO).await;
 
         assert_eq!(
             jobs(&taken),
             vec![1, 2, 4],
             "a's later jobs wait for the batch to end"
         );
-        assert!(
-            more.is_empty(),
+        assert_eq!(
+            jobs(&other),
+            vec![6],
             "nor does another batch take them meanwhile"
         );
-        drop((taken, more));
-        let rest = scheduler.take_up_to(10, Duration::ZERO).await;
-        assert_eq!(jobs(&rest), vec![3], "then the next one, alone");
+        drop((taken, other));
+        let next = scheduler.take_up_to(10, Duration::ZERO).await;
+        assert_eq!(jobs(&next), vec![3], "then the next one, alone");
     }
 
     #[tokio::test]
