@@ -704,6 +704,12 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     format!("handler panicked: {text}")
 }
 
+/// The least time a delivery that came before its message's retry was due is handed back for.
+/// A batch decides which retries are due when it claims its messages; one that came due while
+/// the batch ran is still not due for it, and without this floor its delivery would be handed
+/// back to come again at once.
+const NOT_DUE_AT_LEAST: Duration = Duration::from_millis(100);
+
 /// The outcome of a message seen before: a `Conflict` if its content differs (logged, kept for an
 /// operator by the caller, never applied), `Dead` if it was given up on, [`Error::RetryNotDue`]
 /// if it failed and its retry is not due yet, else a `Duplicate`.
@@ -721,10 +727,11 @@ fn seen_outcome(claim: &Claim<'_>, seen: &Seen) -> Result<Outcome, Error> {
         MessageStatus::Dead => Ok(Outcome::Dead),
         MessageStatus::Failed => {
             let wait_ms = seen.retry_at_ms.unwrap_or(0).saturating_sub(claim.now_ms);
+            let wait = Duration::from_millis(wait_ms.max(0).unsigned_abs());
             Err(Error::RetryNotDue {
                 handler: claim.handler.to_owned(),
                 message_id: claim.message_id.to_owned(),
-                retry_after: Duration::from_millis(wait_ms.max(0).unsigned_abs()),
+                retry_after: wait.max(NOT_DUE_AT_LEAST),
             })
         }
         _ => Ok(Outcome::Duplicate),
@@ -1175,4 +1182,49 @@ fn decode_stored<DB: Backend, H: Handler<DB>>(
     };
     let identity = handler.identity(&message)?;
     Ok((message, headers, identity))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_at(now_ms: i64) -> Claim<'static> {
+        Claim {
+            consumer: "billing",
+            handler: "credit",
+            message_id: "m-1",
+            message_type: "credited",
+            aggregate: None,
+            sequence: None,
+            payload_hash: b"hash",
+            now_ms,
+        }
+    }
+
+    fn failed(retry_at_ms: i64) -> Seen {
+        Seen {
+            payload_hash: b"hash".to_vec(),
+            status: MessageStatus::Failed,
+            retry_at_ms: Some(retry_at_ms),
+        }
+    }
+
+    fn retry_after(outcome: Result<Outcome, Error>) -> Option<Duration> {
+        match outcome {
+            Err(Error::RetryNotDue { retry_after, .. }) => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_retry_not_due_is_handed_back_for_the_time_left() {
+        let outcome = seen_outcome(&claim_at(1_000), &failed(6_000));
+        assert_eq!(retry_after(outcome), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_retry_that_came_due_meanwhile_is_never_handed_back_at_once() {
+        let outcome = seen_outcome(&claim_at(6_001), &failed(6_000));
+        assert_eq!(retry_after(outcome), Some(NOT_DUE_AT_LEAST));
+    }
 }
