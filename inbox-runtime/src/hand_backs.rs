@@ -27,9 +27,11 @@ impl HandBacks {
     /// Counts one more hand-back of `id`.
     pub(crate) fn handed_back(&self, id: &str) {
         let mut counts = self.lock();
-        if counts.len() >= REMEMBERED && !counts.contains_key(id) {
-            let forgotten = counts.keys().next().cloned();
-            forgotten.map(|id| counts.remove(&id));
+        if counts.len() >= REMEMBERED
+            && !counts.contains_key(id)
+            && let Some(forgotten) = counts.keys().next().cloned()
+        {
+            counts.remove(&forgotten);
         }
         let count = counts.entry(id.to_owned()).or_default();
         *count = count.saturating_add(1);
