@@ -607,6 +607,93 @@ mod postgres_batched {
             "the error says what to do: {error}"
         );
     }
+
+    /// A handler's own error type may hide the `sqlx::Error` it wraps (`#[error(transparent)]`
+    /// forwards `source()` past it) or keep only its text: a statement refused because an earlier
+    /// handler of the batch left the transaction aborted is still not its handler's failure.
+    #[tokio::test]
+    async fn a_handler_after_one_that_left_a_batch_aborted_is_not_charged_whatever_its_error() {
+        #[derive(Debug, thiserror::Error)]
+        enum ShopError {
+            #[error(transparent)]
+            Database(#[from] sqlx::Error),
+            #[error("could not record the payment: {0}")]
+            Text(String),
+        }
+        #[inbox_handler(key = "id", name = "shop")]
+        async fn shop(tx: &mut sqlx::PgConnection, payment: Payment) -> Result<(), ShopError> {
+            let taken = sqlx::query("INSERT INTO once (id) VALUES ('taken')");
+            match payment.kind.as_str() {
+                "swallow" => {
+                    let _ = taken.execute(&mut *tx).await;
+                    return Ok(());
+                }
+                "taken" => {
+                    let taken = taken.execute(&mut *tx).await;
+                    taken.map_err(|error| ShopError::Text(error.to_string()))?;
+                }
+                _ => {}
+            }
+            let insert =
+                sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('shop', $1, 1)")
+                    .bind(&payment.id)
+                    .execute(&mut *tx)
+                    .await;
+            match payment.kind.as_str() {
+                "text" => insert.map_err(|error| ShopError::Text(error.to_string()))?,
+                _ => insert?,
+            };
+            Ok(())
+        }
+        let Some(pool) = database("aborted_batch_wrapped").await else {
+            return;
+        };
+        sqlx::query("INSERT INTO once (id) VALUES ('taken')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let broker = MemoryBroker::new();
+        // Batches of two: twice a handler that swallowed its error and one that goes on after
+        // it, then a handler that failed first in its batch, which is its own failure.
+        let kinds = [
+            ("p-1", "swallow"),
+            ("p-2", "wrapped"),
+            ("p-3", "swallow"),
+            ("p-4", "text"),
+            ("p-5", "taken"),
+            ("p-6", "wrapped"),
+        ];
+        for (id, kind) in kinds {
+            broker.publish(envelope(id, &payment(id, "o-1", 1, kind)));
+        }
+        broker.close();
+        let pairs = inbox::Batch::new(2).linger(Duration::from_millis(300));
+        let inbox = builder(&pool).batch(pairs).workers(1);
+        let inbox = inbox.retry(RetryPolicy::new(1)).handler(shop);
+
+        let report = inbox
+            .build()
+            .await
+            .unwrap()
+            .run(broker.source())
+            .await
+            .unwrap();
+
+        let applied = applied(&pool, "shop").await;
+        assert_eq!(applied, ["p-2", "p-4", "p-6"], "{report:?}");
+        assert_eq!(report.batches_refused, 2, "the first two: {report:?}");
+        for (id, status) in [
+            ("p-1", "dead"),
+            ("p-2", "processed"),
+            ("p-3", "dead"),
+            ("p-4", "processed"),
+            ("p-5", "dead"),
+            ("p-6", "processed"),
+        ] {
+            let stored = row(&pool, "shop", id).await.unwrap().0;
+            assert_eq!(stored, status, "{id}: {report:?}");
+        }
+    }
 }
 
 mod postgres {
@@ -665,5 +752,39 @@ mod postgres {
             "recorded, to be retried"
         );
         assert!(applied(&pool, "ignores_errors").await.is_empty());
+    }
+
+    /// A connection the server ended under a handler is no failure of the handler's, even when
+    /// the handler's own error type hides the `sqlx::Error` (`#[error(transparent)]` forwards
+    /// `source()` past it, to the database's error).
+    #[tokio::test]
+    async fn a_connection_ended_under_a_handler_counts_no_attempt_whatever_its_error() {
+        #[derive(Debug, thiserror::Error)]
+        enum ShopError {
+            #[error(transparent)]
+            Database(#[from] sqlx::Error),
+        }
+        #[inbox_handler(key = "id", name = "cut_off")]
+        async fn cut_off(tx: &mut sqlx::PgConnection, payment: Payment) -> Result<(), ShopError> {
+            if payment.kind == "cut" {
+                let end_own = sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())");
+                end_own.execute(&mut *tx).await?;
+            }
+            Ok(())
+        }
+        let Some(pool) = database("ended_under_wrapped").await else {
+            return;
+        };
+        let inbox = builder(&pool).handler(cut_off).build().await.unwrap();
+
+        let cut = envelope("p-1", &payment("p-1", "o-1", 1, "cut"));
+        let error = inbox.dispatch(&cut).await.unwrap_err();
+
+        assert!(matches!(error, Error::ConnectionLost { .. }), "{error}");
+        assert_eq!(
+            row(&pool, "cut_off", "p-1").await,
+            None,
+            "no attempt counted"
+        );
     }
 }

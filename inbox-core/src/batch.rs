@@ -21,15 +21,16 @@
 //! batch that commits before the failure is recorded (as one transaction per message would), then
 //! those after it. When the database refuses a statement or the commit, or a handler left the
 //! transaction aborted (found by the check before the commit, or by the next statement, refused
-//! with an error that says so), or a handler's statement was chosen to end a deadlock or a
-//! serialization conflict, the batch is [`Abandoned::Refused`] and each of its messages goes in a
-//! transaction of its own, where the handler that left its transaction aborted is found out, and
-//! a conflict is the one message's own. So one message's failure neither commits nor loses the
-//! others' work, and a batch costs no statement per message beyond the per-message
-//! ones (a savepoint per message would cost two more round trips, and on PostgreSQL more than 64
-//! written savepoints in one transaction overflow its subtransaction cache). The price: when a
-//! message of a batch fails, the handlers that ran before it in the batch run again, their first
-//! run rolled back and never committed.
+//! with an error that says so however the handler's error type wraps it; a handler that fails
+//! after another with an error that names no database error is looked into with the same check),
+//! or a handler's statement was chosen to end a deadlock or a serialization conflict, the batch
+//! is [`Abandoned::Refused`] and each of its messages goes in a transaction of its own, where the
+//! handler that left its transaction aborted is found out, and a conflict is the one message's
+//! own. So one message's failure neither commits nor loses the others' work, and a batch costs
+//! no statement per message beyond the per-message ones (a savepoint per message would cost two
+//! more round trips, and on PostgreSQL more than 64 written savepoints in one transaction
+//! overflow its subtransaction cache). The price: when a message of a batch fails, the handlers
+//! that ran before it in the batch run again, their first run rolled back and never committed.
 
 use std::collections::{HashMap, HashSet, hash_map};
 
@@ -51,6 +52,8 @@ use crate::storage::messages::{self, Claimed, Seen};
 /// An open batch: one transaction that guarded messages join until it commits.
 pub struct Batch<'c, DB: Backend> {
     tx: Transaction<'c, DB>,
+    /// Whether a handler ran in the transaction: one that runs after it may find it aborted.
+    handled: bool,
 }
 
 /// One message of a batch as its claim takes it: for which handler, and as received.
@@ -116,6 +119,7 @@ impl<'c, DB: Backend> Batch<'c, DB> {
     pub async fn begin<C: Connect<DB> + ?Sized>(connection: &'c mut C) -> Result<Self, Error> {
         Ok(Self {
             tx: connection.begin().await?,
+            handled: false,
         })
     }
 
@@ -298,15 +302,21 @@ impl<'c, DB: Backend> Batch<'c, DB> {
         }
         let claim = guard::claim_of(handler, &delivery, &ticket.payload_hash);
         let found = ticket.found;
-        let check = OpenCheck::BeforeCommit;
+        let mut handled = self.handled;
+        let check = OpenCheck::BeforeCommit {
+            after_others: handled,
+        };
         let attempt = guard::attempt(self.tx, handler, message, &delivery, &claim, found, check);
         let (tx, guarded) = match attempt.instrument(span).await {
-            Ok(Step::Keep(tx, outcome)) => (tx, Ok(outcome)),
+            Ok(Step::Keep(tx, outcome)) => {
+                handled |= outcome == Outcome::Processed;
+                (tx, Ok(outcome))
+            }
             Ok(Step::Undo(tx, seen)) => (tx, seen),
             Ok(Step::Failed(error)) => return Err(abandoned_by(error)),
             Err(_) => return Err(Abandoned::Refused),
         };
-        Ok((Self { tx }, Staged { guarded }))
+        Ok((Self { tx, handled }, Staged { guarded }))
     }
 
     /// Commits every message the batch kept, once it made sure that no handler left the

@@ -291,17 +291,10 @@ impl HandlerError {
     /// its chain of sources that says the connection broke, closed, or was ended by the server
     /// (PostgreSQL's SQLSTATE class 08 and 57P01-57P03, MySQL's 08 and killed connections).
     pub(crate) fn lost_connection(&self) -> bool {
-        let mut error: Option<&(dyn std::error::Error + 'static)> = Some(self.get_ref());
-        while let Some(current) = error {
-            if current
-                .downcast_ref::<sqlx::Error>()
-                .is_some_and(connection_lost)
-            {
-                return true;
-            }
-            error = current.source();
-        }
-        false
+        database_causes(self.get_ref()).any(|cause| match cause {
+            Cause::Sqlx(error) => connection_lost(error),
+            Cause::Database(error) => error.code().is_some_and(|code| lost_by(&code)),
+        })
     }
 }
 
@@ -309,11 +302,49 @@ impl HandlerError {
 pub(crate) fn connection_lost(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(error) => error.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "70100")
-        }),
+        sqlx::Error::Database(error) => error.code().is_some_and(|code| lost_by(&code)),
         _ => false,
     }
+}
+
+/// Whether the database's error `code` says the connection is gone: PostgreSQL's class 08 and
+/// 57P01-57P03 (the server ended it), MySQL's class 08 and 70100 (the connection was killed).
+fn lost_by(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "70100")
+}
+
+/// A link of a chain of error sources that the database or `sqlx` put there.
+pub(crate) enum Cause<'a> {
+    /// A `sqlx` error.
+    Sqlx(&'a sqlx::Error),
+    /// The database's own error, reached without the `sqlx::Error` that held it.
+    Database(&'a dyn sqlx::error::DatabaseError),
+}
+
+impl Cause<'_> {
+    /// The database's code for the error (a SQLSTATE, or SQLite's result code), if it has one.
+    pub(crate) fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        match self {
+            Cause::Sqlx(error) => error.as_database_error()?.code(),
+            Cause::Database(error) => error.code(),
+        }
+    }
+}
+
+/// The links of `error`'s chain of sources that the database or `sqlx` put there, however the
+/// handler wrapped them: an error type with `#[error(transparent)]` around a `sqlx::Error`
+/// forwards `source()` past it, straight to the database error it holds, and that is found all
+/// the same.
+pub(crate) fn database_causes<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = Cause<'a>> {
+    std::iter::successors(Some(error), |error| error.source()).filter_map(|error| {
+        if let Some(sqlx) = error.downcast_ref::<sqlx::Error>() {
+            return Some(Cause::Sqlx(sqlx));
+        }
+        let database = error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()?;
+        Some(Cause::Database(&**database))
+    })
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {

@@ -268,7 +268,12 @@ pub(crate) enum OpenCheck {
     AfterHandler,
     /// Once, before the transaction commits: a batch's. Until then, the next statement in an
     /// aborted transaction fails, with an error that says so ([`messages::refused_for_its_transaction`]).
-    BeforeCommit,
+    /// `after_others` says whether other handlers ran in the transaction before this one: one of
+    /// them may have left it aborted, and a failure that does not say why is looked into.
+    BeforeCommit {
+        /// Whether another handler ran in the transaction before this one.
+        after_others: bool,
+    },
 }
 
 /// What one attempt at a message left in its transaction.
@@ -668,6 +673,9 @@ async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
             messages::check_open(&mut tx).await.map_err(aborted)
         }
         Ok(()) => Ok(()),
+        Err(error) if attempt.check == (OpenCheck::BeforeCommit { after_others: true }) => {
+            Err(blame(&mut tx, error).await)
+        }
         Err(error) => Err(error),
     };
     match handled {
@@ -692,6 +700,27 @@ fn aborted(error: sqlx::Error) -> HandlerError {
         "the handler returned Ok, but its transaction can no longer commit ({error}); a statement \
          that may fail must run in a savepoint (`tx.begin()`) for the handler to go on after it"
     ))
+}
+
+/// The failure of a handler that ran after others in its batch's transaction. An error that
+/// names no database error (a message made of a `sqlx` error's text, say) cannot tell whether
+/// the handler's statement failed for itself or was refused because an earlier handler left the
+/// transaction aborted: then, if the transaction is aborted, the error is that refusal, and the
+/// batch's messages go one by one, where the one to blame is found out.
+async fn blame<DB: Backend>(tx: &mut Transaction<'_, DB>, error: HandlerError) -> HandlerError {
+    if crate::error::database_causes(error.get_ref())
+        .next()
+        .is_some()
+    {
+        return error;
+    }
+    match messages::check_open(tx).await {
+        Ok(()) => error,
+        Err(refusal) => {
+            tracing::debug!(%error, %refusal, "a handler failed in an aborted batch");
+            HandlerError::from(refusal)
+        }
+    }
 }
 
 /// What a handler's panic said, as an error message.

@@ -296,18 +296,8 @@ pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(),
 /// or because it was chosen to end a deadlock or a serialization conflict (`40P01`, `40001`,
 /// MySQL's deadlock included), which a transaction holding many messages' locks invites.
 pub fn refused_for_its_transaction(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(error) = cause {
-        let code = match error.downcast_ref::<sqlx::Error>() {
-            Some(sqlx::Error::Database(database)) => database.code(),
-            _ => None,
-        };
-        if matches!(code.as_deref(), Some("25P02" | "40P01" | "40001")) {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
+    crate::error::database_causes(error)
+        .any(|cause| matches!(cause.code().as_deref(), Some("25P02" | "40P01" | "40001")))
 }
 
 /// Marks a `failed` (or `parked`) message dead, keeping its payload for an operator; `reason`, if
