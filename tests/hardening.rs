@@ -313,16 +313,40 @@ macro_rules! hardening_suite {
             assert_eq!(applied(&pool, "strict").await, ["p-1", "p-4"]);
         }
 
-        #[tokio::test]
-        async fn a_gap_whose_predecessor_is_retrying_is_not_expired_and_releases_when_it_succeeds() {
-            let Some(pool) = database("retrying_gap").await else { return };
-            sqlx::query($crate::common::sql::<$db>("INSERT INTO blocked (why) VALUES ('test')")).execute(&pool).await.unwrap();
+        /// An inbox whose strict stream `o-1` applied #1, holds #2 `failed` until its retry an
+        /// hour from now (the `blocked` table holds a row), and #`parked` parked behind it.
+        async fn behind_a_retry(pool: &Pool, parked: i64) -> Inbox<$db> {
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO blocked (why) VALUES ('test')")).execute(pool).await.unwrap();
             let hour = Duration::from_secs(3600);
-            let inbox = builder(&pool).retry(RetryPolicy::new(5).backoff(hour, hour)).handler(pay_strict).build().await.unwrap();
+            let inbox = builder(pool).retry(RetryPolicy::new(5).backoff(hour, hour)).handler(pay_strict).build().await.unwrap();
             let delivery = |seq: i64| envelope(&format!("p-{seq}"), &payment(&format!("p-{seq}"), "o-1", seq, "crash-at-2"));
             inbox.dispatch(&delivery(1)).await.unwrap();
             inbox.dispatch(&delivery(2)).await.unwrap_err();
-            assert_eq!(inbox.dispatch(&delivery(3)).await.unwrap()[0].outcome, Outcome::Parked);
+            assert_eq!(inbox.dispatch(&delivery(parked)).await.unwrap()[0].outcome, Outcome::Parked);
+            inbox
+        }
+
+        #[tokio::test]
+        async fn skipping_a_gap_never_skips_a_message_waiting_for_its_retry() {
+            let Some(pool) = database("skip_retrying").await else { return };
+            let inbox = behind_a_retry(&pool, 4).await;
+
+            let released = inbox.skip_gap("strict", "o-1").await.unwrap();
+
+            assert_eq!(released, 0, "#2 is not missing, it waits for its retry");
+            assert_eq!(row(&pool, "strict", "p-2").await.unwrap().0, "failed");
+            assert_eq!(row(&pool, "strict", "p-4").await.unwrap().0, "parked");
+            let last: i64 = sqlx::query_scalar($crate::common::sql::<$db>("SELECT last_sequence FROM inbox_streams WHERE aggregate_id = 'o-1'"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(last, 1, "the stream stops before #2, so its retry applies");
+        }
+
+        #[tokio::test]
+        async fn a_gap_whose_predecessor_is_retrying_is_not_expired_and_releases_when_it_succeeds() {
+            let Some(pool) = database("retrying_gap").await else { return };
+            let inbox = behind_a_retry(&pool, 3).await;
             sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
 
             assert_eq!(inbox.expire_gaps().await.unwrap(), [], "#2 is not missing, it waits for its retry");

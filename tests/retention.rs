@@ -162,13 +162,17 @@ macro_rules! retention_suite {
                 inbox.discard("credit", dead, "ops", "refunded by hand").await.unwrap();
             }
             let broker = inbox::MemoryBroker::new();
-            for n in 1..=2 {
+            for n in 1..=3 {
                 broker.publish(Envelope::new("test.unknown", format!("u-{n}"), b"{}".to_vec()));
             }
             broker.close();
             inbox.run(broker.source()).await.unwrap();
             let rejected = inbox.rejected().await.unwrap();
             inbox.discard_rejected(rejected[0].id, "ops", "not ours").await.unwrap();
+            // u-3's replay is asked for, not done yet: it still waits.
+            let replay = inbox::storage::operators::Operator { by: "ops", reason: "its handler ships" };
+            let asked = inbox::storage::operators::request_rejected_replay(&pool, inbox.consumer(), rejected[2].id, replay);
+            assert!(asked.await.unwrap());
             for (id, sequence, amount) in [("e-1", 1, 5), ("e-1", 1, 6), ("e-2", 2, 5), ("e-2", 2, 6)] {
                 credit.process(&pool, Credited::new(id, "acct", sequence, amount)).await.unwrap();
             }
@@ -189,18 +193,19 @@ macro_rules! retention_suite {
             let preview = inbox::purge_preview(&pool, &retention).await.unwrap();
             let report = inbox::purge(&pool, &retention).await.unwrap();
 
-            assert_eq!((preview.resolved, preview.rejected, preview.dead), (3, 1, 1), "{preview:?}");
+            assert_eq!((preview.resolved, preview.rejected, preview.dead), (3, 2, 1), "{preview:?}");
             assert_eq!((report.resolved, report.actions), (3, 2), "dead-1, u-1 and a conflict, with their actions: {report:?}");
-            assert_eq!((report.kept_dead, report.kept_rejected), (1, 1), "{report:?}");
+            assert_eq!((report.kept_dead, report.kept_rejected), (1, 2), "{report:?}");
             let left = [
                 rows(&pool, "dead").await,
                 rows_of(&pool, "SELECT COUNT(*) FROM inbox_rejected").await,
                 rows_of(&pool, "SELECT COUNT(*) FROM inbox_conflicts").await,
                 rows_of(&pool, "SELECT COUNT(*) FROM inbox_actions").await,
             ];
-            assert_eq!(left, [2, 1, 1, 1], "dead-2 (discarded inside the window) and its action, dead-3, u-2, e-2's conflict");
+            assert_eq!(left, [2, 2, 1, 2], "dead-2 (discarded inside the window) and its action, dead-3, u-2, u-3 and its action, e-2's conflict");
             assert_eq!(status(&pool, "credit", "dead-2").await.as_deref(), Some("discarded"));
-            assert_eq!(inbox.rejected().await.unwrap()[0].delivery_id, "u-2");
+            let kept: Vec<String> = sqlx::query_scalar("SELECT delivery_id FROM inbox_rejected ORDER BY delivery_id").fetch_all(&pool).await.unwrap();
+            assert_eq!(kept, ["u-2", "u-3"], "u-3's replay was asked for, not done");
             assert_eq!(inbox::storage::operators::conflicts(&pool, None).await.unwrap()[0].message_id, "e-2");
         }
 

@@ -226,6 +226,8 @@ pub struct StreamSql {
     pub revive_gap_dead: &'static str,
     /// Whether a stream's missing sequence is there, `failed` ([`streams::bury_gap`]).
     pub retrying_sequence: &'static str,
+    /// A stream's lowest `failed` sequence past a given one ([`streams::skip_gap`]).
+    pub first_retrying: &'static str,
     /// A stream's lowest parked sequence and parked count ([`streams::skip_gap`], [`streams::bury_gap`]).
     pub parked_range: &'static str,
     /// Marks a stream's parked messages dead by gap timeout ([`streams::bury_gap`]).

@@ -198,6 +198,9 @@ const SQL: Statements = Statements {
             AND dead_reason = 'gap_timeout'",
         retrying_sequence: "SELECT COUNT(*) FROM inbox_messages \
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND sequence_number = ? AND status = 'failed'",
+        first_retrying: "SELECT MIN(sequence_number) FROM inbox_messages \
+            WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'failed' \
+            AND sequence_number > ?",
         parked_range: "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
             WHERE consumer = ? AND handler = ? AND aggregate_id = ? AND status = 'parked'",
         bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = ?, dead_reason = 'gap_timeout' \
@@ -270,22 +273,23 @@ const SQL: Statements = Statements {
              AND COALESCE(failed_at, received_at) < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'discarded' \
              AND resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND) \
-            + (SELECT COUNT(*) FROM inbox_rejected \
-             WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND) \
+            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IN ('replayed', 'discarded') \
+             AND resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND) \
             + (SELECT COUNT(*) FROM inbox_conflicts \
              WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND), \
-            (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NULL \
+            (SELECT COUNT(*) FROM inbox_rejected \
+             WHERE (resolution IS NULL OR resolution = 'replay_requested') \
              AND received_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND)",
         batch: "DELETE FROM inbox_messages \
             WHERE purge_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
             ORDER BY purge_at LIMIT ?",
-        // A row not resolved has no `resolved_at`.
+        // A rejected delivery whose replay was asked for, or refused again, waits still.
         resolved: [
             "DELETE FROM inbox_messages WHERE status = 'discarded' \
             AND resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
             ORDER BY resolved_at LIMIT ?",
-            "DELETE FROM inbox_rejected \
-            WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
+            "DELETE FROM inbox_rejected WHERE resolution IN ('replayed', 'discarded') \
+            AND resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \
             ORDER BY resolved_at LIMIT ?",
             "DELETE FROM inbox_conflicts \
             WHERE resolved_at < NOW(6) - INTERVAL CAST(? * 1000000 AS SIGNED) MICROSECOND \

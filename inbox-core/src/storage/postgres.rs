@@ -377,6 +377,9 @@ pub(super) const SQL: Statements = Statements {
             AND dead_reason = 'gap_timeout'",
         retrying_sequence: "SELECT COUNT(*) FROM inbox_messages \
             WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND sequence_number = $4 AND status = 'failed'",
+        first_retrying: "SELECT MIN(sequence_number) FROM inbox_messages \
+            WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'failed' \
+            AND sequence_number > $4",
         parked_range: "SELECT MIN(sequence_number), COUNT(*) FROM inbox_messages \
             WHERE consumer = $1 AND handler = $2 AND aggregate_id = $3 AND status = 'parked'",
         bury_parked: "UPDATE inbox_messages SET status = 'dead', error_text = $1, dead_reason = 'gap_timeout' \
@@ -440,11 +443,12 @@ pub(super) const SQL: Statements = Statements {
              AND COALESCE(failed_at, received_at) < now() - make_interval(secs => $3)), \
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'discarded' \
              AND resolved_at < now() - make_interval(secs => $4)) \
-            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NOT NULL \
+            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IN ('replayed', 'discarded') \
              AND resolved_at < now() - make_interval(secs => $5)) \
             + (SELECT COUNT(*) FROM inbox_conflicts WHERE resolution IS NOT NULL \
              AND resolved_at < now() - make_interval(secs => $6)), \
-            (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NULL \
+            (SELECT COUNT(*) FROM inbox_rejected \
+             WHERE (resolution IS NULL OR resolution = 'replay_requested') \
              AND received_at < now() - make_interval(secs => $7))",
         // By physical row id (here and in `resolved`): a join on the key would scan the table
         // once per batch.
@@ -456,7 +460,7 @@ pub(super) const SQL: Statements = Statements {
             WHERE status = 'discarded' AND resolved_at < now() - make_interval(secs => $1) \
             ORDER BY resolved_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
             "DELETE FROM inbox_rejected WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_rejected \
-            WHERE resolution IS NOT NULL AND resolved_at < now() - make_interval(secs => $1) \
+            WHERE resolution IN ('replayed', 'discarded') AND resolved_at < now() - make_interval(secs => $1) \
             ORDER BY resolved_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
             "DELETE FROM inbox_conflicts WHERE ctid = ANY(ARRAY(SELECT ctid FROM inbox_conflicts \
             WHERE resolution IS NOT NULL AND resolved_at < now() - make_interval(secs => $1) \

@@ -148,6 +148,12 @@ impl FromColumns for String {
     }
 }
 
+impl FromColumns for Option<i64> {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        row.maybe_int(0)
+    }
+}
+
 impl FromColumns for Option<String> {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
         row.maybe_text(0)

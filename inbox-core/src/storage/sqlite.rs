@@ -103,11 +103,12 @@ const SQL: Statements = Statements {
              AND COALESCE(failed_at, received_at) < datetime('now', '-' || $3 || ' seconds')), \
             (SELECT COUNT(*) FROM inbox_messages WHERE status = 'discarded' \
              AND resolved_at < datetime('now', '-' || $4 || ' seconds')) \
-            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NOT NULL \
+            + (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IN ('replayed', 'discarded') \
              AND resolved_at < datetime('now', '-' || $5 || ' seconds')) \
             + (SELECT COUNT(*) FROM inbox_conflicts WHERE resolution IS NOT NULL \
              AND resolved_at < datetime('now', '-' || $6 || ' seconds')), \
-            (SELECT COUNT(*) FROM inbox_rejected WHERE resolution IS NULL \
+            (SELECT COUNT(*) FROM inbox_rejected \
+             WHERE (resolution IS NULL OR resolution = 'replay_requested') \
              AND received_at < datetime('now', '-' || $7 || ' seconds'))",
         batch: "DELETE FROM inbox_messages WHERE (consumer, handler, message_id) IN \
             (SELECT consumer, handler, message_id FROM inbox_messages \
@@ -118,7 +119,7 @@ const SQL: Statements = Statements {
             WHERE status = 'discarded' AND resolved_at < datetime('now', '-' || $1 || ' seconds') \
             ORDER BY resolved_at LIMIT $2)",
             "DELETE FROM inbox_rejected WHERE id IN (SELECT id FROM inbox_rejected \
-            WHERE resolution IS NOT NULL AND resolved_at < datetime('now', '-' || $1 || ' seconds') \
+            WHERE resolution IN ('replayed', 'discarded') AND resolved_at < datetime('now', '-' || $1 || ' seconds') \
             ORDER BY resolved_at LIMIT $2)",
             "DELETE FROM inbox_conflicts WHERE id IN (SELECT id FROM inbox_conflicts \
             WHERE resolution IS NOT NULL AND resolved_at < datetime('now', '-' || $1 || ' seconds') \

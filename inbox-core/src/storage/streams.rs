@@ -151,7 +151,9 @@ async fn parked_range<DB: Backend>(
 
 /// For an operator skipping a gap that will not fill, on a locked stream at `last`: brings the
 /// messages that a gap timeout marked dead back to parked, and moves the stream to just before
-/// its lowest parked message if that is ahead of `last + 1`. Never moves the stream backwards.
+/// its lowest parked message if that is ahead of `last + 1`, but never past a message of the
+/// gap that is `failed`, waiting for its retry (it is not missing: skipping it would make its
+/// retry stale). Never moves the stream backwards.
 pub async fn skip_gap<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     stream: &Stream<'_>,
@@ -159,9 +161,16 @@ pub async fn skip_gap<DB: Backend>(
 ) -> Result<(), sqlx::Error> {
     let params = stream_params(stream);
     sql::execute::<DB>(sql::conn(tx), DB::SQL.streams.revive_gap_dead, &params).await?;
-    match parked_range(tx, stream).await?.0 {
-        Some(first) if first - 1 > last => set(tx, stream, first - 1).await,
-        _ => Ok(()),
+    let Some(first_parked) = parked_range(tx, stream).await?.0 else {
+        return Ok(());
+    };
+    let params = and(stream, Param::Int(last));
+    let statement = DB::SQL.streams.first_retrying;
+    let retrying: Option<i64> = sql::fetch_one::<DB, _>(sql::conn(tx), statement, &params).await?;
+    let skip_to = retrying.map_or(first_parked, |retrying| retrying.min(first_parked)) - 1;
+    match skip_to > last {
+        true => set(tx, stream, skip_to).await,
+        false => Ok(()),
     }
 }
 
