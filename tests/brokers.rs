@@ -345,6 +345,33 @@ mod jetstream_broker {
         }
     }
 
+    /// What no server will ever take is refused, so the relay counts its attempts and keeps it
+    /// failed, instead of trying again for ever: a subject with a space, or a message over the
+    /// server's `max_payload`.
+    #[tokio::test]
+    async fn a_message_no_server_takes_is_refused() {
+        let Some(url) = crate::common::nats_url("jetstream_refuses") else {
+            return;
+        };
+        let broker = JetStream::connect(&url, "jetstream_refuses").await;
+        let envelope = Envelope::new("test.credited", "m-1", b"{}".to_vec());
+        let spaced = format!("{} bad", broker.destination());
+
+        let bad_subject = broker.publisher.publish(&spaced, &envelope).await;
+        let oversized = Envelope::new("test.credited", "m-2", vec![b'x'; 2 << 20]);
+        let oversized = broker
+            .publisher
+            .publish(&broker.destination(), &oversized)
+            .await;
+
+        for refused in [bad_subject, oversized] {
+            assert!(
+                matches!(refused, Err(inbox::SinkError::Refused(_))),
+                "{refused:?}"
+            );
+        }
+    }
+
     impl JetStream {
         /// A stream of `test`'s own on the server at `url`.
         async fn connect(url: &str, test: &str) -> Self {

@@ -138,9 +138,12 @@ impl Outgoing {
     pub(crate) fn caused_by(mut self, message_id: &str, headers: &Headers) -> Self {
         let correlation = crate::envelope::correlation_id(headers).unwrap_or(message_id);
         for (name, value) in [(CORRELATION_ID, correlation), (CAUSATION_ID, message_id)] {
-            self.headers
-                .entry(name.to_owned())
-                .or_insert_with(|| value.to_owned());
+            // An id from a broker may hold a line break, which no header carries: escaped.
+            let carried_value = match carried(name, value) {
+                true => value.to_owned(),
+                false => value.escape_debug().to_string(),
+            };
+            self.headers.entry(name.to_owned()).or_insert(carried_value);
         }
         self
     }
@@ -185,10 +188,21 @@ fn carried(name: &str, value: &str) -> bool {
 }
 
 impl From<Envelope> for Outgoing {
-    /// A raw envelope's type tag, payload and headers (the outbox gives it an id of its own).
+    /// A raw envelope's type tag, payload and headers (the outbox gives it an id of its own), in
+    /// the aggregate its [`AGGREGATE_ID`] header names, if any (as [`Envelope::encode`] writes it):
+    /// a forwarded message keeps its place in its aggregate's order.
     fn from(envelope: Envelope) -> Self {
+        Outgoing::from(&envelope)
+    }
+}
+
+impl From<&Envelope> for Outgoing {
+    /// A borrowed raw envelope, copied as [`From<Envelope>`](#impl-From<Envelope>-for-Outgoing) takes it.
+    fn from(envelope: &Envelope) -> Self {
         let mut outgoing = Outgoing::new(envelope.message_type(), envelope.payload().to_vec());
         outgoing.headers = envelope.headers().clone();
+        let aggregate = envelope.headers().get(AGGREGATE_ID);
+        outgoing.aggregate = aggregate.filter(|aggregate| !aggregate.is_empty()).cloned();
         outgoing
     }
 }
@@ -254,9 +268,7 @@ impl IntoOutgoing for &Outgoing {
 /// ```
 impl IntoOutgoing for &Envelope {
     fn into_outgoing(self) -> Result<Outgoing, Error> {
-        let mut outgoing = Outgoing::new(self.message_type(), self.payload().to_vec());
-        outgoing.headers = self.headers().clone();
-        Ok(outgoing)
+        Ok(Outgoing::from(self))
     }
 }
 
@@ -323,4 +335,27 @@ pub fn now_ms() -> i64 {
         .map_or(0, |elapsed| {
             i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raw_envelope_keeps_the_aggregate_its_header_names() {
+        let envelope = Envelope::new("order.placed", "d-1", b"{}".to_vec());
+        assert_eq!(Outgoing::from(&envelope).aggregate_id(), None);
+        let envelope = envelope.with_header(AGGREGATE_ID, "o-1");
+        assert_eq!(Outgoing::from(&envelope).aggregate_id(), Some("o-1"));
+        assert_eq!(Outgoing::from(envelope).aggregate_id(), Some("o-1"));
+    }
+
+    #[test]
+    fn a_cause_whose_id_holds_a_line_break_is_carried_escaped() {
+        let outgoing = Outgoing::new("order.placed", b"{}".to_vec());
+        let caused = outgoing.caused_by("m\n1", &Headers::new());
+        assert_eq!(caused.headers[CAUSATION_ID], "m\\n1");
+        assert_eq!(caused.headers[CORRELATION_ID], "m\\n1");
+        assert!(caused.checked().is_ok());
+    }
 }

@@ -340,14 +340,25 @@ impl Sink for JetStreamPublisher {
     }
 }
 
-/// A stream that does not take the subject, or an expectation the stream refused, is a
-/// refusal; anything else (no connection, no ack in time) may pass on a later try.
+/// A stream that does not take the subject, an expectation the stream refused, a message over
+/// the server's `max_payload`, a subject no server takes (a space in it, an empty token) or an
+/// error the stream answered with (a message over its size limit, say) is a refusal; anything
+/// else (no connection, no ack in time) may pass on a later try.
 fn publish_error(error: async_nats::jetstream::context::PublishError) -> SinkError {
     use async_nats::jetstream::context::PublishErrorKind;
-    match error.kind() {
+    let refused = match error.kind() {
         PublishErrorKind::StreamNotFound
         | PublishErrorKind::WrongLastMessageId
-        | PublishErrorKind::WrongLastSequence => SinkError::Refused(error.to_string()),
-        _ => SinkError::unavailable(error),
+        | PublishErrorKind::WrongLastSequence
+        | PublishErrorKind::MaxPayloadExceeded => true,
+        PublishErrorKind::Other => std::error::Error::source(&error).is_some_and(|source| {
+            source.is::<async_nats::subject::SubjectError>()
+                || source.is::<async_nats::jetstream::Error>()
+        }),
+        _ => false,
+    };
+    match refused {
+        true => SinkError::Refused(error.to_string()),
+        false => SinkError::unavailable(error),
     }
 }
