@@ -259,6 +259,43 @@ async fn a_batched_run_counts_the_outcomes_one_per_transaction_counts() {
     assert_eq!(counted["batched"], expected);
 }
 
+/// What an operator's gap skip (or a sweep) releases is counted as what a delivery releases, and
+/// a release that fails as the failure it is.
+#[tokio::test]
+async fn a_release_that_no_delivery_made_is_counted_too() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let snapshotter = snapshotter();
+    let pool = common::sqlite("released_by_an_operator").await.unwrap();
+    let inbox = Inbox::builder(pool)
+        .consumer("skipping")
+        .handler(strict_steps)
+        .build()
+        .await
+        .unwrap();
+    let failing = Step {
+        fail: true,
+        ..step("s-3", "a", 3)
+    };
+    for step in [step("s-2", "a", 2), failing] {
+        inbox
+            .dispatch(&Envelope::encode("d", &step).unwrap())
+            .await
+            .unwrap();
+    }
+
+    let skipped = inbox.skip_gap("strict_steps", "a").await;
+
+    let failed = matches!(skipped, Err(inbox::Error::Handler { attempt: 1, .. }));
+    assert!(failed, "s-2 released, then s-3 failed: {skipped:?}");
+
+    let expected = [("parked", 2), ("released", 1), ("retry", 1)];
+    let expected: BTreeMap<_, _> = expected
+        .into_iter()
+        .map(|(o, n)| (o.to_owned(), n))
+        .collect();
+    assert_eq!(outcomes_counted(snapshotter, "skipping"), expected);
+}
+
 /// `inbox_messages_total` of `consumer`, by outcome.
 fn outcomes_counted(snapshotter: &Snapshotter, consumer: &str) -> BTreeMap<String, u64> {
     let mut outcomes = BTreeMap::new();

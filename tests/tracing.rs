@@ -155,6 +155,58 @@ async fn each_message_has_a_span_with_the_messaging_conventions() {
     assert_eq!(spans[1]["inbox.outcome"], "duplicate");
 }
 
+#[inbox_handler(
+    key = "event_id",
+    sequence = "sequence",
+    aggregate = "order",
+    ordering = "strict",
+    name = "strictly_paid"
+)]
+async fn strictly_paid(_msg: Paid) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+/// A message released from parking, after its predecessor applied, has a span of its own: it
+/// runs after the predecessor's span has ended.
+#[tokio::test]
+async fn a_released_message_has_a_span_of_its_own() {
+    let pool = common::sqlite("tracing_released").await.unwrap();
+    let spans = Spans::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let inbox = Inbox::builder(pool)
+        .handler(strictly_paid)
+        .build()
+        .await
+        .unwrap();
+    for (id, sequence) in [("e-2", 2), ("e-1", 1)] {
+        let event = Paid {
+            event_id: id.into(),
+            order: "o-7".into(),
+            sequence,
+        };
+        inbox
+            .dispatch(&Envelope::encode(id, &event).unwrap())
+            .await
+            .unwrap();
+    }
+
+    let spans = spans.0.lock().unwrap().clone();
+    let outcome = |id: &str| {
+        let of_id = |span: &&BTreeMap<String, String>| span["messaging.message.id"] == id;
+        let outcomes = spans
+            .iter()
+            .filter(of_id)
+            .map(|span| span["inbox.outcome"].as_str());
+        outcomes.collect::<Vec<_>>()
+    };
+    assert_eq!(outcome("e-2"), ["parked", "released"], "{spans:?}");
+    let released = spans.iter().find(|span| span["inbox.outcome"] == "released");
+    let attempt = released.and_then(|span| span.get("inbox.attempt"));
+    assert_eq!(attempt.map(String::as_str), Some("1"), "the handler ran in it");
+    assert_eq!(outcome("e-1"), ["processed"], "{spans:?}");
+}
+
 #[inbox_handler(key = "event_id", aggregate = "order", name = "picky")]
 async fn picky(msg: Paid) -> Result<(), HandlerError> {
     match msg.event_id.starts_with("bad") {

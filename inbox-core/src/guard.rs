@@ -114,7 +114,7 @@ pub(crate) async fn conclude<DB: Backend, H: Handler<DB>>(
     let (consumer, retry) = (delivery.consumer, delivery.retry);
     let label = outcome_label(&guarded);
     span.record("inbox.outcome", label);
-    count_outcome(consumer, handler.name(), label, 1);
+    count_outcome(consumer, handler.name(), label);
     let outcome = guarded?;
     let released = match (handler.ordering(), delivery.identity.aggregate()) {
         (Ordering::Strict { .. }, Some(aggregate)) => {
@@ -122,25 +122,17 @@ pub(crate) async fn conclude<DB: Backend, H: Handler<DB>>(
         }
         _ => 0,
     };
-    count_outcome(
-        consumer,
-        handler.name(),
-        Outcome::Released.as_str(),
-        released,
-    );
     Ok(Guarded { outcome, released })
 }
 
 /// `inbox_messages_total{consumer, handler, outcome}`: every outcome, failures included.
-fn count_outcome(consumer: &str, handler: &'static str, outcome: &'static str, count: u32) {
-    if count > 0 {
-        let labels = [
-            ("consumer", consumer.to_owned()),
-            ("handler", handler.to_owned()),
-            ("outcome", outcome.to_owned()),
-        ];
-        metrics::counter!("inbox_messages_total", &labels).increment(u64::from(count));
-    }
+fn count_outcome(consumer: &str, handler: &'static str, outcome: &'static str) {
+    let labels = [
+        ("consumer", consumer.to_owned()),
+        ("handler", handler.to_owned()),
+        ("outcome", outcome.to_owned()),
+    ];
+    metrics::counter!("inbox_messages_total", &labels).increment(1);
 }
 
 /// What the guard knows about one delivery besides the message.
@@ -461,11 +453,19 @@ pub fn message_span<DB: Backend, H: Handler<DB>>(
 fn outcome_label(guarded: &Result<Outcome, Error>) -> &'static str {
     match guarded {
         Ok(outcome) => outcome.as_str(),
-        Err(Error::Handler {
+        Err(error) => failure_label(error),
+    }
+}
+
+/// The `inbox.outcome` of a message whose guarding failed: dead, to be retried, or an error
+/// that left it as it was.
+fn failure_label(error: &Error) -> &'static str {
+    match error {
+        Error::Handler {
             retry_after: None, ..
-        }) => Outcome::Dead.as_str(),
-        Err(Error::Handler { .. } | Error::RetryNotDue { .. }) => Outcome::Retrying.as_str(),
-        Err(_) => "error",
+        } => Outcome::Dead.as_str(),
+        Error::Handler { .. } | Error::RetryNotDue { .. } => Outcome::Retrying.as_str(),
+        _ => "error",
     }
 }
 
@@ -837,8 +837,29 @@ async fn release_logged<DB: Backend, H: Handler<DB>>(
 
 /// Applies the lowest parked message of the stream if it is the next one (`Released`), or settles
 /// it as `Stale` if its sequence was applied meanwhile. `None` when nothing can be released. A
-/// parked message that no longer decodes is marked dead with the reason.
+/// parked message that no longer decodes is marked dead with the reason. Whatever came of it is
+/// counted in `inbox_messages_total`, whoever released it (a delivery, a sweep, an operator).
 async fn release_next<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    consumer: &str,
+    handler: &H,
+    aggregate: &str,
+    retry: &RetryPolicy,
+) -> Result<Option<Outcome>, Error> {
+    let released = release_parked(pool, consumer, handler, aggregate, retry).await;
+    let label = match &released {
+        Ok(None) => None,
+        Ok(Some(outcome)) => Some(outcome.as_str()),
+        Err(error) => Some(failure_label(error)),
+    };
+    if let Some(label) = label {
+        count_outcome(consumer, handler.name(), label);
+    }
+    released
+}
+
+/// [`release_next`], uncounted.
+async fn release_parked<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
     handler: &H,
@@ -876,51 +897,73 @@ async fn release_next<DB: Backend, H: Handler<DB>>(
             }
         };
     streams::set(&mut tx, &stream, parked.sequence_number).await?;
-    let attempt = Attempt {
-        consumer,
+    let received = Received {
+        payload: &parked.payload,
         identity: &identity,
         headers: Some(&headers),
+        receipt: None,
+    };
+    let span = message_span(consumer, handler, &received);
+    let applied = apply_released(pool, tx, handler, &key, &received, message, retry);
+    let applied = applied.instrument(span.clone()).await;
+    let label = match &applied {
+        Ok(outcome) => outcome.as_str(),
+        Err(error) => failure_label(error),
+    };
+    span.record("inbox.outcome", label);
+    applied.map(Some)
+}
+
+/// Runs the handler of a released message in `tx`, where its stream was advanced to it, and
+/// settles it as processed; a failure is recorded like a delivery's.
+async fn apply_released<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    tx: Transaction<'_, DB>,
+    handler: &H,
+    key: &MessageKey<'_>,
+    received: &Received<'_>,
+    message: H::Message,
+    retry: &RetryPolicy,
+) -> Result<Outcome, Error> {
+    let consumer = key.consumer;
+    let attempt = Attempt {
+        consumer,
+        identity: received.identity,
+        headers: received.headers,
         number: 1,
         timeout: retry.timeout(),
         check: OpenCheck::AfterHandler,
     };
+    tracing::Span::current().record("inbox.attempt", 1);
     match run_handler(tx, handler, &attempt, message).await {
         Ok(mut tx) => {
-            messages::settle(&mut tx, &key, MessageStatus::Processed).await?;
+            messages::settle(&mut tx, key, MessageStatus::Processed).await?;
             tx.commit().await?;
-            Ok(Some(Outcome::Released))
+            Ok(Outcome::Released)
         }
         Err(error) if error.lost_connection() => {
             let handler = handler.name();
             Err(Error::ConnectionLost { handler, error })
         }
         Err(error) => {
-            let payload_hash = content_hash(&parked.payload);
+            let payload_hash = content_hash(received.payload);
             let claim = Claim {
                 consumer,
                 handler: handler.name(),
-                message_id: &parked.message_id,
+                message_id: key.message_id,
                 message_type: H::Message::TYPE,
-                aggregate: Some(aggregate),
-                sequence: Some(parked.sequence_number),
+                aggregate: received.identity.aggregate(),
+                sequence: received.identity.sequence(),
                 payload_hash: &payload_hash,
                 now_ms: now_ms(),
             };
             let failure = Failure {
-                payload: &parked.payload,
-                headers: &headers_json(Some(&headers)),
+                payload: received.payload,
+                headers: &headers_json(received.headers),
                 error: &error.to_string(),
             };
-            record_failure(
-                &mut pool.clone(),
-                handler.name(),
-                &claim,
-                &failure,
-                error,
-                retry,
-            )
-            .await
-            .map(Some)
+            let handler = handler.name();
+            record_failure(&mut pool.clone(), handler, &claim, &failure, error, retry).await
         }
     }
 }
