@@ -663,6 +663,30 @@ mod rabbitmq_broker {
         assert_eq!(now.envelope().produced_at(), Some(sound));
     }
 
+    /// What AMQP cannot carry (a routing key, type tag or id past the 255 bytes of a short
+    /// string) is refused with the reason, and the publisher goes on with the next message.
+    #[tokio::test]
+    async fn a_name_past_what_amqp_carries_is_refused() {
+        let Some(broker) = RabbitMq::new("amqp_long_names").await else {
+            return;
+        };
+        let long = "x".repeat(256);
+        let sound = Envelope::new("test.credited", "m-1", b"{}".to_vec());
+        let long_type = Envelope::new(long.as_str(), "m-2", b"{}".to_vec());
+
+        let long_key = broker.publisher.publish(&long, &sound).await;
+        let long_type = broker.publish(&long_type).await;
+
+        for refused in [long_key, long_type] {
+            let reason = match refused {
+                Err(inbox::SinkError::Refused(reason)) => reason,
+                other => panic!("refused: {other:?}"),
+            };
+            assert!(reason.contains("255"), "{reason}");
+        }
+        broker.publish(&sound).await.expect("the next message goes");
+    }
+
     /// A connection made with `inbox::amqp::recovering()` is back within seconds of a server that
     /// was away for long: lapin's own schedule (`enable_auto_recover()` alone) tries 64 s after
     /// the drop, then 124 s, so a server back after 65 s and its boot would be seen 40 s or more

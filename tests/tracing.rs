@@ -201,9 +201,15 @@ async fn a_released_message_has_a_span_of_its_own() {
         outcomes.collect::<Vec<_>>()
     };
     assert_eq!(outcome("e-2"), ["parked", "released"], "{spans:?}");
-    let released = spans.iter().find(|span| span["inbox.outcome"] == "released");
+    let released = spans
+        .iter()
+        .find(|span| span["inbox.outcome"] == "released");
     let attempt = released.and_then(|span| span.get("inbox.attempt"));
-    assert_eq!(attempt.map(String::as_str), Some("1"), "the handler ran in it");
+    assert_eq!(
+        attempt.map(String::as_str),
+        Some("1"),
+        "the handler ran in it"
+    );
     assert_eq!(outcome("e-1"), ["processed"], "{spans:?}");
 }
 

@@ -338,23 +338,37 @@ impl AmqpPublisher {
         self
     }
 
-    fn properties(&self, envelope: &Envelope) -> BasicProperties {
+    fn properties(&self, envelope: &Envelope) -> Result<BasicProperties, SinkError> {
         let mut table = FieldTable::default();
         for (name, value) in self.headers.of(envelope) {
-            table.insert(name.into(), AMQPValue::LongString(value.into()));
+            table.insert(
+                short("a header name", name)?,
+                AMQPValue::LongString(value.into()),
+            );
         }
         let produced_at = envelope.produced_at().unwrap_or_else(SystemTime::now);
         let seconds = produced_at
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        BasicProperties::default()
+        Ok(BasicProperties::default()
             .with_headers(table)
-            .with_type(envelope.message_type().into())
-            .with_message_id(envelope.id().into())
+            .with_type(short("the type tag", envelope.message_type())?)
+            .with_message_id(short("the message id", envelope.id())?)
             .with_timestamp(seconds)
-            .with_delivery_mode(2)
+            .with_delivery_mode(2))
     }
+}
+
+/// `value` as an AMQP short string, or, past the 255 bytes one holds, a refusal saying `what`
+/// it is: no broker takes it.
+fn short(what: &str, value: &str) -> Result<ShortString, SinkError> {
+    ShortString::try_new(value).map_err(|_| {
+        SinkError::Refused(format!(
+            "{what} is {} bytes, past the 255 an AMQP short string holds",
+            value.len()
+        ))
+    })
 }
 
 impl Sink for AmqpPublisher {
@@ -369,14 +383,16 @@ impl Sink for AmqpPublisher {
                 mandatory: true,
                 ..BasicPublishOptions::default()
             };
+            let routing_key = short("the routing key", destination)?;
+            let properties = self.properties(envelope)?;
             let confirm = self
                 .channel
                 .basic_publish(
-                    self.exchange.as_str().into(),
-                    destination.into(),
+                    short("the exchange", &self.exchange)?,
+                    routing_key,
                     options,
                     envelope.payload(),
-                    self.properties(envelope),
+                    properties,
                 )
                 .await
                 .map_err(SinkError::unavailable)?;
