@@ -325,6 +325,22 @@ macro_rules! outbox_suite {
             assert_eq!(types, ["test.poison", "test.receipt"], "retried, then its follower, in order");
         }
 
+        /// The relay's wake-ups (PostgreSQL's `LISTEN`) hold a connection of their own, not one of
+        /// the pool the relay publishes from: a pool of one connection still publishes.
+        #[tokio::test]
+        async fn a_relay_on_a_pool_of_one_connection_publishes() {
+            let Some(pool) = ledger("outbox_one_connection").await else { return };
+            let options = (*pool.connect_options()).clone();
+            let one = sqlx::pool::PoolOptions::<$db>::new().max_connections(1);
+            let one = one.acquire_timeout(Duration::from_secs(5)).connect_with(options).await.unwrap();
+            write_messages(&one, 1, 1).await;
+            let recorder = Recorder::default();
+
+            Relay::new(one.clone(), recorder.clone()).run(tokio::time::sleep(Duration::from_secs(1))).await;
+
+            assert_eq!(recorder.published().len(), 1);
+        }
+
         #[tokio::test]
         async fn a_running_relay_deletes_published_messages_past_its_retention_and_keeps_the_rest() {
             let Some(pool) = ledger("outbox_retention").await else { return };
