@@ -232,6 +232,77 @@ async fn two_consumers_take_an_aggregates_messages_in_the_order_they_were_enqueu
     );
 }
 
+/// A consumer's listener holds a connection of its own, outside the pool: a pool of one
+/// connection per worker and one more keeps claiming after its workers took theirs.
+#[tokio::test]
+async fn a_pool_of_a_connection_per_worker_and_one_more_keeps_claiming() {
+    let Some(pool) = ledger("queue_small_pool").await else {
+        return;
+    };
+    let options = (*pool.connect_options()).clone();
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(3)
+        .acquire_timeout(Duration::from_secs(2));
+    let small = small.connect_with(options).await.expect("connect");
+    let inbox = Inbox::builder(small.clone()).workers(2).handler(credit);
+    let inbox = inbox.build().await.unwrap();
+    let source = consumer(&small, "billing", Duration::from_secs(30)).await;
+    let rounds = async {
+        for round in 1..=2 {
+            let events: Vec<_> = (1..=4)
+                .map(|n| Credited::new(format!("e-{round}-{n}"), format!("acct-{n}"), round, 1))
+                .collect();
+            enqueue_all(&pool, "billing", &events).await;
+            let applied = async {
+                while count(&pool, "applied").await < 4 * round {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            let within = tokio::time::timeout(Duration::from_secs(10), applied).await;
+            assert!(within.is_ok(), "round {round} was not applied");
+        }
+    };
+
+    inbox.run_until(source, rounds).await.expect("run");
+
+    assert_eq!(count(&pool, "applied").await, 8);
+}
+
+/// What the queue cannot store is refused before any statement, so the caller's transaction,
+/// and what else it wrote, still commits.
+#[tokio::test]
+async fn bad_input_is_refused_without_aborting_the_callers_transaction() {
+    let Some(pool) = ledger("queue_bad_input").await else {
+        return;
+    };
+    let sound = Envelope::new("test.credited", "m-1", b"{}".to_vec());
+    let long = "x".repeat(600);
+    let refused = [
+        (
+            "billing",
+            Envelope::new("test.credited", "m\0id", b"{}".to_vec()),
+        ),
+        ("billing", sound.clone().with_header("note", "a\0b")),
+        (
+            "billing",
+            sound
+                .clone()
+                .with_header(inbox::outbox::AGGREGATE_ID, long.as_str()),
+        ),
+        (long.as_str(), sound.clone()),
+    ];
+    let mut tx = pool.begin().await.expect("begin");
+    enqueue(&mut *tx, "billing", &sound).await.expect("enqueue");
+
+    for (queue, envelope) in &refused {
+        let error = enqueue(&mut *tx, queue, envelope).await.unwrap_err();
+        assert!(error.to_string().contains("cannot enqueue"), "{error}");
+    }
+    tx.commit().await.expect("commit");
+
+    assert_eq!(queued(&pool).await, 1, "the sound message, written before");
+}
+
 #[tokio::test]
 async fn a_rolled_back_transaction_enqueues_nothing() {
     let Some(pool) = ledger("queue_rollback").await else {

@@ -54,6 +54,20 @@ pub const CHANNEL: &str = "inbox_queue";
 /// The header a delivery from the queue names its queue in.
 pub const DESTINATION: &str = "destination";
 
+/// A listener on a connection of its own to `pool`'s database, outside the pool: a listener
+/// holds its connection for as long as it listens, and one of the pool's would be missing from
+/// the workers and claims it is sized for. It reconnects as a pooled listener does.
+#[cfg(feature = "postgres")]
+pub async fn listener(pool: &PgPool) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let own = sqlx::pool::PoolOptions::<Postgres>::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_with((*pool.connect_options()).clone())
+        .await?;
+    sqlx::postgres::PgListener::connect_with(&own).await
+}
+
 const ENQUEUE: &str = "INSERT INTO inbox_queue \
      (queue, message_id, message_type, aggregate_id, payload, headers) \
      VALUES ($1, $2, $3, $4, $5, $6::jsonb) RETURNING id";
@@ -131,18 +145,35 @@ pub async fn enqueue<'c>(
     Ok(id)
 }
 
-/// Refuses what the queue could not hand out as a message: no queue name, no type tag, or an id
-/// past [`MAX_ID_LEN`].
+/// Refuses, before any statement (a refused statement would abort the caller's transaction),
+/// what the queue could not store or hand out as a message: a queue name, id or aggregate id
+/// that is empty or past [`MAX_ID_LEN`], no type tag, or a NUL byte anywhere PostgreSQL keeps
+/// text (the names, the type tag, the headers).
 fn check_enqueued(queue: &str, envelope: &Envelope) -> Result<(), Error> {
-    let refused = if queue.is_empty() {
-        "the queue has no name"
+    let unusable = |text: &str| text.is_empty() || text.len() > MAX_ID_LEN;
+    let headers = envelope.headers().iter();
+    let mut texts = [queue, envelope.message_type(), envelope.id()]
+        .into_iter()
+        .chain(headers.flat_map(|(name, value)| [name.as_str(), value.as_str()]));
+    let refused = if unusable(queue) {
+        "the queue's name is empty or too long"
     } else if envelope.message_type().is_empty() {
         "the message has no type tag"
-    } else if envelope.id().is_empty() || envelope.id().len() > MAX_ID_LEN {
+    } else if unusable(envelope.id()) {
         "the message's id is empty or too long"
+    } else if envelope
+        .headers()
+        .get(crate::outbox::AGGREGATE_ID)
+        .is_some_and(|id| unusable(id))
+    {
+        "the message's aggregate id is empty or too long"
+    } else if texts.any(|text| text.contains('\0')) {
+        "a name, the type tag or a header holds a NUL byte, which PostgreSQL cannot store"
     } else {
         return Ok(());
     };
+    let queue = crate::storable_text(queue);
+    let queue: String = queue.chars().take(64).collect();
     Err(Error::Encode(format!(
         "cannot enqueue to `{queue}`: {refused}"
     )))

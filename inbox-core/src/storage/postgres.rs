@@ -627,21 +627,14 @@ impl Backend for Postgres {
     }
 
     /// `LISTEN inbox_outbox`, on a connection of its own, outside `pool` (which may hold a
-    /// single connection, for the relay's batches); a lost connection ends the stream, and the
-    /// relay polls from then on.
+    /// single connection, for the relay's batches: see [`crate::queue::listener`]); a lost
+    /// connection ends the stream, and the relay polls from then on.
     async fn outbox_wakeups(
         pool: &sqlx::Pool<Self>,
     ) -> Option<futures::stream::BoxStream<'static, ()>> {
         use futures::StreamExt;
 
-        let own = sqlx::pool::PoolOptions::<Postgres>::new()
-            .max_connections(1)
-            .max_lifetime(None)
-            .idle_timeout(None)
-            .connect_with((*pool.connect_options()).clone())
-            .await
-            .ok()?;
-        let mut listener = sqlx::postgres::PgListener::connect_with(&own).await.ok()?;
+        let mut listener = crate::queue::listener(pool).await.ok()?;
         listener.listen("inbox_outbox").await.ok()?;
         let notifications = listener.into_stream();
         Some(

@@ -161,7 +161,7 @@ impl PgQueueSource {
 /// A listener on the queue's channel, or `None` (the consumer polls) if it cannot listen now.
 async fn listen(pool: &PgPool, queue: &str) -> Option<PgListener> {
     let listening = async {
-        let mut listener = PgListener::connect_with(pool).await?;
+        let mut listener = queue::listener(pool).await?;
         listener.listen(queue::CHANNEL).await?;
         Ok::<_, sqlx::Error>(listener)
     };
@@ -197,7 +197,7 @@ impl PgQueueSourceBuilder {
 
     /// Starts listening for the queue's wakeups.
     pub async fn build(self) -> Result<PgQueueSource, SourceError> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
+        let mut listener = queue::listener(&self.pool).await?;
         listener.listen(queue::CHANNEL).await?;
         Ok(PgQueueSource {
             pool: self.pool,
