@@ -149,9 +149,25 @@ impl Outgoing {
     }
 
     /// This message, with the current trace context added (feature `opentelemetry`), if its
-    /// aggregate and headers are ones the outbox can keep and brokers carry.
+    /// aggregate and headers are ones the outbox can keep and brokers carry, and no text of it
+    /// holds a NUL byte (checked before any statement: a refused one would abort the caller's
+    /// transaction).
     pub(crate) fn checked(mut self) -> Result<Self, Error> {
         crate::trace_context::inject_current(&mut self.headers);
+        let texts = [
+            ("type tag", Some(self.message_type.as_str())),
+            ("destination", self.destination.as_deref()),
+            ("aggregate id", self.aggregate.as_deref()),
+        ];
+        if let Some((what, _)) = texts
+            .iter()
+            .find(|(_, text)| text.is_some_and(|text| text.contains('\0')))
+        {
+            return Err(Error::InvalidIdentity {
+                what,
+                reason: format!("an outbox {what} cannot hold a NUL byte"),
+            });
+        }
         if let Some((name, _)) = self
             .headers
             .iter()
@@ -160,7 +176,7 @@ impl Outgoing {
             return Err(Error::InvalidIdentity {
                 what: "header",
                 reason: format!(
-                    "header `{}` cannot be carried: names are printable ASCII without `:` or spaces, values have no line breaks",
+                    "header `{}` cannot be carried: names are printable ASCII without `:` or spaces, values have no line breaks or NUL bytes",
                     name.escape_debug()
                 ),
             });
@@ -184,7 +200,7 @@ impl Outgoing {
 /// enforces them).
 fn carried(name: &str, value: &str) -> bool {
     let name_ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':');
-    name_ok && !value.contains(['\r', '\n'])
+    name_ok && !value.contains(['\r', '\n', '\0'])
 }
 
 impl From<Envelope> for Outgoing {
@@ -348,6 +364,22 @@ mod tests {
         let envelope = envelope.with_header(AGGREGATE_ID, "o-1");
         assert_eq!(Outgoing::from(&envelope).aggregate_id(), Some("o-1"));
         assert_eq!(Outgoing::from(envelope).aggregate_id(), Some("o-1"));
+    }
+
+    #[test]
+    fn a_nul_byte_is_refused_before_any_statement() {
+        let sound = || Outgoing::new("order.placed", b"{}".to_vec());
+        let refused = [
+            Outgoing::new("order\0placed", b"{}".to_vec()),
+            sound().destination("orders\0"),
+            sound().aggregate("o\0-1"),
+            sound().with_header("note", "a\0b"),
+        ];
+        for outgoing in refused {
+            let error = outgoing.clone().checked().unwrap_err();
+            assert!(error.to_string().contains("NUL"), "{outgoing:?}: {error}");
+        }
+        assert!(sound().checked().is_ok());
     }
 
     #[test]
