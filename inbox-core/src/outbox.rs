@@ -213,7 +213,7 @@ impl From<Envelope> for Outgoing {
 }
 
 impl From<&Envelope> for Outgoing {
-    /// A borrowed raw envelope, copied as [`From<Envelope>`](#impl-From<Envelope>-for-Outgoing) takes it.
+    /// A borrowed raw envelope, copied as an owned one is taken.
     fn from(envelope: &Envelope) -> Self {
         let mut outgoing = Outgoing::new(envelope.message_type(), envelope.payload().to_vec());
         outgoing.headers = envelope.headers().clone();
