@@ -570,6 +570,32 @@ mod postgres_batched {
         Some(inbox::Batch::new(8))
     );
 
+    /// Runs `handler` over the payments `kinds` names (`(id, kind)`, all of order `o-1`), in
+    /// batches of two on one worker, one attempt each, once the id `taken` is taken in `once`.
+    async fn run_in_pairs<H, Kind>(
+        pool: &Pool,
+        kinds: &[(&str, &str)],
+        handler: H,
+    ) -> inbox::RunReport
+    where
+        H: inbox::IntoHandler<sqlx::Postgres, (), Kind>,
+    {
+        sqlx::query("INSERT INTO once (id) VALUES ('taken')")
+            .execute(pool)
+            .await
+            .unwrap();
+        let broker = MemoryBroker::new();
+        for (id, kind) in kinds {
+            broker.publish(envelope(id, &payment(id, "o-1", 1, kind)));
+        }
+        broker.close();
+        let pairs = inbox::Batch::new(2).linger(Duration::from_millis(300));
+        let inbox = builder(pool).batch(pairs).workers(1);
+        let inbox = inbox.retry(RetryPolicy::new(1)).handler(handler);
+        let inbox = inbox.build().await.unwrap();
+        inbox.run(broker.source()).await.unwrap()
+    }
+
     /// A batch checks once, before it commits, that no handler left its transaction aborted
     /// (PostgreSQL would turn the `COMMIT` into a silent rollback); until then, the statements of
     /// the handlers after such a one are refused (`25P02`), which is not their failure. Either
@@ -580,11 +606,6 @@ mod postgres_batched {
         let Some(pool) = database("aborted_batch").await else {
             return;
         };
-        sqlx::query("INSERT INTO once (id) VALUES ('taken')")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let broker = MemoryBroker::new();
         // Batches of two: the first ends with the handler that swallowed its error, the second
         // goes on after it.
         let kinds = [
@@ -593,18 +614,8 @@ mod postgres_batched {
             ("p-3", "swallow"),
             ("p-4", "ok"),
         ];
-        for (id, kind) in kinds {
-            broker.publish(envelope(id, &payment(id, "o-1", 1, kind)));
-        }
-        broker.close();
-        let pairs = inbox::Batch::new(2).linger(Duration::from_millis(300));
-        let inbox = builder(&pool)
-            .batch(pairs)
-            .workers(1)
-            .retry(RetryPolicy::new(1));
-        let inbox = inbox.handler(pay).build().await.unwrap();
 
-        let report = inbox.run(broker.source()).await.unwrap();
+        let report = run_in_pairs(&pool, &kinds, pay).await;
 
         assert_eq!(
             applied(&pool, "payments").await,
@@ -672,11 +683,6 @@ mod postgres_batched {
         let Some(pool) = database("aborted_batch_wrapped").await else {
             return;
         };
-        sqlx::query("INSERT INTO once (id) VALUES ('taken')")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let broker = MemoryBroker::new();
         // Batches of two: twice a handler that swallowed its error and one that goes on after
         // it, then a handler that failed first in its batch, which is its own failure.
         let kinds = [
@@ -687,21 +693,8 @@ mod postgres_batched {
             ("p-5", "taken"),
             ("p-6", "wrapped"),
         ];
-        for (id, kind) in kinds {
-            broker.publish(envelope(id, &payment(id, "o-1", 1, kind)));
-        }
-        broker.close();
-        let pairs = inbox::Batch::new(2).linger(Duration::from_millis(300));
-        let inbox = builder(&pool).batch(pairs).workers(1);
-        let inbox = inbox.retry(RetryPolicy::new(1)).handler(shop);
 
-        let report = inbox
-            .build()
-            .await
-            .unwrap()
-            .run(broker.source())
-            .await
-            .unwrap();
+        let report = run_in_pairs(&pool, &kinds, shop).await;
 
         let applied = applied(&pool, "shop").await;
         assert_eq!(applied, ["p-2", "p-4", "p-6"], "{report:?}");

@@ -906,11 +906,7 @@ async fn release_parked<DB: Backend, H: Handler<DB>>(
     let span = message_span(consumer, handler, &received);
     let applied = apply_released(pool, tx, handler, &key, &received, message, retry);
     let applied = applied.instrument(span.clone()).await;
-    let label = match &applied {
-        Ok(outcome) => outcome.as_str(),
-        Err(error) => failure_label(error),
-    };
-    span.record("inbox.outcome", label);
+    span.record("inbox.outcome", outcome_label(&applied));
     applied.map(Some)
 }
 
