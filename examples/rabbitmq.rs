@@ -8,6 +8,7 @@
 mod ledger;
 
 use std::error::Error;
+use std::sync::Arc;
 
 use inbox::amqp::lapin::Connection;
 use inbox::amqp::lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
@@ -18,7 +19,7 @@ use inbox::amqp::{AmqpPublisher, AmqpSource, recovering};
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let url = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let connection = Connection::connect(&url, recovering()).await?;
+    let connection = Arc::new(Connection::connect(&url, recovering()).await?);
     let channel = connection.create_channel().await?;
     let queue = format!("payments-{}", std::process::id());
     let options = QueueDeclareOptions::default();
@@ -27,7 +28,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .await?;
 
     let source = AmqpSource::builder(&connection, &queue).build().await?;
-    let publisher = AmqpPublisher::new(&connection, "").await?;
+    let publisher = AmqpPublisher::new(connection.clone(), "").await?;
     let verdict = ledger::run("RabbitMQ", &publisher, &queue, source).await;
     channel
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())

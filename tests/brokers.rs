@@ -402,6 +402,7 @@ mod jetstream_broker {
 
 #[cfg(feature = "amqp")]
 mod rabbitmq_broker {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use inbox::amqp::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
@@ -414,7 +415,7 @@ mod rabbitmq_broker {
 
     /// A quorum queue of the test's own (quorum queues count deliveries).
     pub struct RabbitMq {
-        connection: Connection,
+        connection: Arc<Connection>,
         channel: lapin::Channel,
         queue: String,
         publisher: AmqpPublisher,
@@ -462,7 +463,7 @@ mod rabbitmq_broker {
         }
 
         async fn sink(&self) -> AmqpPublisher {
-            AmqpPublisher::new(&self.connection, "")
+            AmqpPublisher::new(self.connection.clone(), "")
                 .await
                 .expect("a publisher")
         }
@@ -520,6 +521,33 @@ mod rabbitmq_broker {
             sent.await.expect("publish").await.expect("publish confirm");
         }
 
+        /// Declares `exchange`, a direct one that lasts while it is bound, bound to the queue
+        /// by its name.
+        async fn declare_exchange(&self, exchange: &str) {
+            use inbox::amqp::lapin::options::{ExchangeDeclareOptions, QueueBindOptions};
+            let options = ExchangeDeclareOptions {
+                auto_delete: true,
+                ..Default::default()
+            };
+            let kind = lapin::ExchangeKind::Direct;
+            let declared = self.channel.exchange_declare(
+                exchange.into(),
+                kind,
+                options,
+                FieldTable::default(),
+            );
+            declared.await.expect("declare an exchange");
+            let queue = self.queue.as_str();
+            let bound = self.channel.queue_bind(
+                queue.into(),
+                exchange.into(),
+                queue.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            );
+            bound.await.expect("bind the queue");
+        }
+
         /// A quorum queue of `test`'s own on the server at `url`, over a connection that recovers
         /// (with its channels and consumers) when the server comes back.
         async fn connect(url: &str, test: &str) -> Self {
@@ -529,6 +557,7 @@ mod rabbitmq_broker {
                 .await
                 .unwrap_or_else(|_| panic!("RabbitMQ at {url} did not answer within a minute"))
                 .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at {url}: {e}"));
+            let connection = Arc::new(connection);
             let channel = connection.create_channel().await.expect("open a channel");
             let queue = crate::common::unique(test);
             let mut arguments = FieldTable::default();
@@ -545,7 +574,7 @@ mod rabbitmq_broker {
                 .queue_declare(queue.as_str().into(), durable, arguments)
                 .await
                 .expect("declare a queue");
-            let publisher = AmqpPublisher::new(&connection, "")
+            let publisher = AmqpPublisher::new(connection.clone(), "")
                 .await
                 .expect("a publisher");
             RabbitMq {
@@ -685,6 +714,36 @@ mod rabbitmq_broker {
             assert!(reason.contains("255"), "{reason}");
         }
         broker.publish(&sound).await.expect("the next message goes");
+    }
+
+    /// RabbitMQ closes a channel over a publication to an exchange that is not there; the
+    /// publisher opens another, so once the exchange is back the next publication goes out
+    /// (lapin reopens a channel only after a lost connection: without this, every later
+    /// publication would fail).
+    #[tokio::test]
+    async fn a_channel_the_server_closed_is_opened_again() {
+        let Some(broker) = RabbitMq::new("amqp_reopen").await else {
+            return;
+        };
+        let exchange = format!("{}-exchange", broker.queue);
+        broker.declare_exchange(&exchange).await;
+        let publisher = AmqpPublisher::new(broker.connection.clone(), &exchange);
+        let publisher = publisher.await.expect("a publisher");
+        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        let options = inbox::amqp::lapin::options::ExchangeDeleteOptions::default();
+        let deleted = broker
+            .channel
+            .exchange_delete(exchange.as_str().into(), options);
+        deleted.await.expect("delete the exchange");
+
+        let lost = publisher.publish(&broker.queue, &envelope(1)).await;
+        broker.declare_exchange(&exchange).await;
+        let sent = publisher.publish(&broker.queue, &envelope(2)).await;
+
+        assert!(lost.is_err(), "published to no exchange: {lost:?}");
+        sent.expect("published once the exchange is back");
+        let delivery = crate::first_delivery(&mut broker.source().await).await;
+        assert_eq!(delivery.envelope().id(), "e-2");
     }
 
     /// A connection made with `inbox::amqp::recovering()` is back within seconds of a server that

@@ -33,6 +33,7 @@
 //! consumer, declare the queue with `x-single-active-consumer` (one consumer at a time, the others
 //! on standby), or route by aggregate through a consistent-hash exchange to one queue per consumer.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
@@ -43,7 +44,8 @@ use lapin::options::{
     ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, Consumer};
+use lapin::{Acker, BasicProperties, Channel, ChannelStatus, Confirmation, Connection, Consumer};
+use tokio::sync::Mutex;
 
 use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceError};
 
@@ -311,8 +313,27 @@ impl Acknowledge for AmqpAcker {
 /// Publishes envelopes to an exchange, each confirmed by the broker (publisher confirms), as
 /// persistent messages carrying the type tag and id in headers and in the `type` and `message_id`
 /// properties.
+///
+/// The publisher shares the connection (an [`Arc`]) so that it can open its channel again when the
+/// server closes it: RabbitMQ closes a channel over a publication it refuses (to an exchange that
+/// is not there, past `max_message_size`), and lapin reopens channels only after a lost
+/// connection. The publication that met the closed channel fails as unavailable (the relay tries
+/// it again later); the next one goes out on a new channel.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use std::sync::Arc;
+/// use inbox::amqp::{AmqpPublisher, AmqpSource, lapin};
+///
+/// let url = "amqp://127.0.0.1:5672/%2f";
+/// let connection = Arc::new(lapin::Connection::connect(url, inbox::amqp::recovering()).await?);
+/// let publisher = AmqpPublisher::new(connection.clone(), "").await?;
+/// let source = AmqpSource::builder(&connection, "billing").build().await?;
+/// # Ok(()) }
+/// ```
 pub struct AmqpPublisher {
-    channel: Channel,
+    connection: Arc<Connection>,
+    channel: Mutex<Channel>,
     exchange: String,
     headers: HeaderNames,
 }
@@ -320,16 +341,28 @@ pub struct AmqpPublisher {
 impl AmqpPublisher {
     /// A publisher to `exchange` (`""`: the default exchange, where the routing key names the
     /// queue), on a channel of its own in confirm mode.
-    pub async fn new(connection: &Connection, exchange: &str) -> Result<Self, SourceError> {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
+    pub async fn new(connection: Arc<Connection>, exchange: &str) -> Result<Self, SourceError> {
+        let channel = confirming_channel(&connection).await?;
         Ok(Self {
-            channel,
+            connection,
+            channel: Mutex::new(channel),
             exchange: exchange.to_owned(),
             headers: HeaderNames::default(),
         })
+    }
+
+    /// The channel to publish on: the one the publisher has, or a new one in its place when the
+    /// server closed it while the connection stayed up (a channel of a connection being recovered
+    /// comes back with it).
+    async fn channel(&self) -> Result<Channel, SinkError> {
+        let mut channel = self.channel.lock().await;
+        if closed_for_good(channel.status()) && self.connection.status().connected() {
+            tracing::info!("the server closed the publisher's channel; opening another");
+            *channel = confirming_channel(&self.connection)
+                .await
+                .map_err(SinkError::unavailable)?;
+        }
+        Ok(channel.clone())
     }
 
     /// Writes the type tag and id to these headers instead.
@@ -360,6 +393,21 @@ impl AmqpPublisher {
     }
 }
 
+/// A new channel on `connection`, in confirm mode.
+async fn confirming_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// Whether a channel is closed and will not come back by itself: neither open, nor opening, nor
+/// waiting for its connection's recovery.
+fn closed_for_good(status: &ChannelStatus) -> bool {
+    !(status.connected() || status.initializing() || status.closing())
+}
+
 /// `value` as an AMQP short string, or, past the 255 bytes one holds, a refusal saying `what`
 /// it is: no broker takes it.
 fn short(what: &str, value: &str) -> Result<ShortString, SinkError> {
@@ -386,7 +434,8 @@ impl Sink for AmqpPublisher {
             let routing_key = short("the routing key", destination)?;
             let properties = self.properties(envelope)?;
             let confirm = self
-                .channel
+                .channel()
+                .await?
                 .basic_publish(
                     short("the exchange", &self.exchange)?,
                     routing_key,
