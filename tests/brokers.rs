@@ -346,8 +346,9 @@ mod jetstream_broker {
     }
 
     /// What no server will ever take is refused, so the relay counts its attempts and keeps it
-    /// failed, instead of trying again for ever: a subject with a space, or a message over the
-    /// server's `max_payload`.
+    /// failed, instead of trying again for ever: a subject with a space, a message over the
+    /// server's `max_payload`, or a header NATS cannot carry (a line break in the type tag, which
+    /// the client would panic on).
     #[tokio::test]
     async fn a_message_no_server_takes_is_refused() {
         let Some(url) = crate::common::nats_url("jetstream_refuses") else {
@@ -364,7 +365,13 @@ mod jetstream_broker {
             .publish(&broker.destination(), &oversized)
             .await;
 
-        for refused in [bad_subject, oversized] {
+        let broken = Envelope::new("test.\ncredited", "m-3", b"{}".to_vec());
+        let broken = broker
+            .publisher
+            .publish(&broker.destination(), &broken)
+            .await;
+
+        for refused in [bad_subject, oversized, broken] {
             assert!(
                 matches!(refused, Err(inbox::SinkError::Refused(_))),
                 "{refused:?}"
@@ -902,6 +909,85 @@ mod redis_broker {
             }
         }
     }
+    /// Adds an entry with `fields` as they are (bytes, UTF-8 or not) to the stream.
+    async fn add_raw(broker: &RedisStreams, fields: &[(&[u8], &[u8])]) {
+        let connection = broker.client.get_multiplexed_async_connection();
+        let connection = &mut connection.await.expect("connect");
+        let added: redis::RedisResult<String> = connection.xadd(&broker.stream, "*", fields).await;
+        added.expect("XADD");
+    }
+
+    /// An entry with a field name or a type tag that is not UTF-8 costs no other entry of the
+    /// read: the one with an odd field name is delivered without that header, the one with an
+    /// odd type tag is a delivery the run keeps as rejected, and the entries around them come.
+    #[tokio::test]
+    async fn an_entry_that_is_not_utf8_costs_no_other_entry() {
+        let Some(broker) = RedisStreams::new("redis_not_utf8").await else {
+            return;
+        };
+        let entry = |id: &'static [u8], extra: (&'static [u8], &'static [u8])| {
+            [
+                (&b"ce-type"[..], &b"test.credited"[..]),
+                (b"ce-id", id),
+                extra,
+            ]
+        };
+        add_raw(&broker, &entry(b"e-1", (b"payload", b"{}"))).await;
+        add_raw(&broker, &entry(b"e-2", (b"odd-\xff-name", b"v"))).await;
+        add_raw(&broker, &entry(b"e-3", (b"payload", b"{}"))).await;
+        add_raw(&broker, &[(b"ce-type", b"\xfe\xff"), (b"ce-id", b"e-4")]).await;
+        let mut source = broker.source().await;
+
+        let mut delivered = Vec::new();
+        for _ in 0..4 {
+            let delivery = crate::first_delivery(&mut source).await;
+            let envelope = delivery.envelope();
+            let unreadable = delivery.unreadable_reason().map(str::to_owned);
+            delivered.push((envelope.id().to_owned(), unreadable));
+        }
+
+        let ids: Vec<&str> = delivered.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["e-1", "e-2", "e-3", "e-4"]);
+        assert!(
+            delivered[..3]
+                .iter()
+                .all(|(_, unreadable)| unreadable.is_none())
+        );
+        let reason = delivered[3]
+            .1
+            .as_deref()
+            .expect("the odd type tag is refused");
+        assert!(reason.contains("ce-type"), "{reason}");
+    }
+
+    /// A group that went with its stream (deleted, or lost by a server that kept nothing) is
+    /// created again: the entries a publisher adds after are consumed, instead of every read
+    /// failing for good.
+    #[tokio::test]
+    async fn a_group_that_went_with_its_stream_comes_back() {
+        let Some(broker) = RedisStreams::new("redis_group_gone").await else {
+            return;
+        };
+        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        broker.publish(&envelope(1)).await.expect("publish");
+        let mut source = broker.source().await;
+        assert_eq!(
+            crate::first_delivery(&mut source).await.envelope().id(),
+            "e-1"
+        );
+        let connection = broker.client.get_multiplexed_async_connection();
+        let connection = &mut connection.await.expect("connect");
+        let deleted: redis::RedisResult<i64> = connection.del(&broker.stream).await;
+        deleted.expect("DEL");
+
+        broker.publish(&envelope(2)).await.expect("publish");
+
+        assert_eq!(
+            crate::first_delivery(&mut source).await.envelope().id(),
+            "e-2"
+        );
+    }
+
     /// A pass for abandoned entries goes on where Redis stopped looking (it looks at no more than
     /// ten times `count` pending entries a call): an abandoned entry behind more live ones than
     /// that is still taken back, within the visibility timeout of the live ones.

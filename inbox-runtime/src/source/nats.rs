@@ -30,13 +30,14 @@
 //! them at a time. To keep an aggregate on one consumer, partition subjects by aggregate
 //! (`orders.<n>.>`, a subject transform) and give each process its own filter subject.
 
+use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::pull::{self, Stream as Messages};
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::message::{AckKind, Acker};
 use async_nats::jetstream::{self, Context};
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use inbox_core::Envelope;
@@ -310,13 +311,20 @@ impl JetStreamPublisher {
         self
     }
 
-    fn header_map(&self, envelope: &Envelope) -> HeaderMap {
+    /// The envelope's headers as NATS carries them, or a refusal naming the first one it cannot
+    /// carry (a name with a control character, a space or a `:`; a line break in a value).
+    fn header_map(&self, envelope: &Envelope) -> Result<HeaderMap, SinkError> {
         let mut headers = HeaderMap::new();
-        for (name, value) in self.headers.of(envelope) {
-            headers.insert(name, value);
+        let id = std::iter::once((NATS_MSG_ID, envelope.id()));
+        for (name, value) in self.headers.of(envelope).chain(id) {
+            let refused = |what: &str| {
+                SinkError::Refused(format!("NATS cannot carry the {what} of header `{name:?}`"))
+            };
+            let header = HeaderName::from_str(name).map_err(|_| refused("name"))?;
+            let value = HeaderValue::from_str(value).map_err(|_| refused("value"))?;
+            headers.insert(header, value);
         }
-        headers.insert(NATS_MSG_ID, envelope.id());
-        headers
+        Ok(headers)
     }
 }
 
@@ -331,7 +339,7 @@ impl Sink for JetStreamPublisher {
             let subject = destination.to_owned();
             let sent = self
                 .context
-                .publish_with_headers(subject, self.header_map(envelope), payload)
+                .publish_with_headers(subject, self.header_map(envelope)?, payload)
                 .await
                 .map_err(publish_error)?;
             sent.await.map_err(publish_error)?;

@@ -15,10 +15,13 @@
 //! - **Reconnect**: the connections are [`ConnectionManager`]s, which reconnect by themselves;
 //!   errors meanwhile go to the run, which asks again after a growing delay. What was pending
 //!   when the connection dropped stays pending and is claimed again after the visibility timeout.
+//!   A group that is gone (its stream deleted, or a server restarted without what it kept) is
+//!   created again, reading from the stream's start, so entries added since are not missed.
 //! - **Mapping**: an entry's field `payload` holds the bytes; the type tag and id are the fields
 //!   the [`HeaderNames`] name (the id falls back to the entry id); `produced_at` is the time in the
-//!   entry id; the stream key is the `destination` header; other text fields are headers. An
-//!   entry without a type tag is a delivery the run keeps as rejected, with its bytes.
+//!   entry id; the stream key is the `destination` header; other text fields are headers (a
+//!   field whose name or value is not UTF-8 is none). An entry without a UTF-8 type tag is a
+//!   delivery the run keeps as rejected, with its bytes.
 //!
 //! The consumers of one group share its entries. Redis has no way to keep an aggregate on one
 //! consumer of a group: shard by aggregate into several streams instead, one consumer each.
@@ -30,8 +33,7 @@ use futures::future::BoxFuture;
 use inbox_core::Envelope;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{
-    StreamAutoClaimOptions, StreamAutoClaimReply, StreamClaimOptions, StreamId,
-    StreamPendingCountReply, StreamReadOptions, StreamReadReply,
+    StreamAutoClaimOptions, StreamClaimOptions, StreamPendingCountReply, StreamReadOptions,
 };
 use redis::{AsyncCommands, Client, Value};
 
@@ -123,7 +125,7 @@ impl RedisStreamSource {
         }
         let options = StreamAutoClaimOptions::default().count(entries.count);
         let idle = millis(entries.visibility);
-        let claimed: StreamAutoClaimReply = self
+        let reply: Value = self
             .reads
             .xautoclaim_options(
                 &entries.stream,
@@ -134,11 +136,21 @@ impl RedisStreamSource {
                 options,
             )
             .await?;
-        self.claim_from = claimed.next_stream_id;
-        for entry in claimed.claimed {
+        let (next, claimed) = claimed_entries(reply)?;
+        self.claim_from = next;
+        for entry in claimed {
             let attempt = self.delivery_count(&entry.id).await?;
             let delivery = self.delivery(entry, attempt);
             self.ready.push_back(delivery);
+        }
+        Ok(())
+    }
+
+    /// Takes back the entries abandoned by other consumers, or else reads new ones.
+    async fn fetch(&mut self) -> Result<(), SourceError> {
+        self.claim_abandoned().await?;
+        if self.ready.is_empty() {
+            self.read_new().await?;
         }
         Ok(())
     }
@@ -162,35 +174,35 @@ impl RedisStreamSource {
             .group(&entries.group, &entries.consumer)
             .count(entries.count)
             .block(millis(wait).max(1));
-        let read: Option<StreamReadReply> = self
+        let reply: Value = self
             .reads
             .xread_options(&[&entries.stream], &[">"], &options)
             .await?;
-        for key in read.map(|r| r.keys).unwrap_or_default() {
-            for entry in key.ids {
-                let delivery = self.delivery(entry, 1);
-                self.ready.push_back(delivery);
-            }
+        for entry in read_entries(reply)? {
+            let delivery = self.delivery(entry, 1);
+            self.ready.push_back(delivery);
         }
         Ok(())
     }
 
-    /// A stream entry as a delivery.
-    fn delivery(&self, entry: StreamId, attempt: u32) -> Delivery {
-        let field = |name: &str| entry.get::<String>(name);
-        let message_type = field(&self.headers.message_type);
-        let id = field(&self.headers.message_id).unwrap_or_else(|| entry.id.clone());
-        let payload: Vec<u8> = entry.get(PAYLOAD_FIELD).unwrap_or_default();
+    /// A stream entry as a delivery. A field whose name or value is not UTF-8 is no header; a
+    /// type tag that is not makes a delivery the run keeps as rejected.
+    fn delivery(&self, entry: RawEntry, attempt: u32) -> Delivery {
+        let message_type = entry.text(&self.headers.message_type);
+        let id = entry
+            .text(&self.headers.message_id)
+            .unwrap_or_else(|| entry.id.clone());
+        let payload = entry.field(PAYLOAD_FIELD).unwrap_or_default().to_vec();
         let mut envelope = Envelope::new(message_type.clone().unwrap_or_default(), id, payload)
             .with_header("destination", self.entries.stream.as_str());
         if let Some(produced_at) = entry_time(&entry.id) {
             envelope = envelope.with_produced_at(produced_at);
         }
-        for (name, value) in &entry.map {
-            if let (false, Value::BulkString(bytes)) = (name == PAYLOAD_FIELD, value)
-                && let Ok(text) = std::str::from_utf8(bytes)
+        for (name, value) in &entry.fields {
+            if let (Ok(name), Ok(value)) = (std::str::from_utf8(name), std::str::from_utf8(value))
+                && name != PAYLOAD_FIELD
             {
-                envelope = envelope.with_header(name.as_str(), text);
+                envelope = envelope.with_header(name, value);
             }
         }
         let acker = Box::new(RedisAcker {
@@ -201,11 +213,148 @@ impl RedisStreamSource {
         match message_type {
             Some(_) => Delivery::new(envelope, attempt, acker),
             None => {
-                let reason = format!("it has no `{}` field", self.headers.message_type);
+                let reason = format!("it has no UTF-8 `{}` field", self.headers.message_type);
                 Delivery::unreadable(envelope, attempt, acker, reason)
             }
         }
     }
+}
+
+/// A stream entry as the server sent it: its id, and its fields with names and values as bytes.
+/// (The client's own reply types take every field name as text, so one entry with a name that
+/// is not UTF-8 would make a whole read unreadable, and with it every entry the read took.)
+struct RawEntry {
+    id: String,
+    fields: Vec<Field>,
+}
+
+/// A field of an entry: its name and its value.
+type Field = (Vec<u8>, Vec<u8>);
+
+impl RawEntry {
+    /// The value of the field `name`.
+    fn field(&self, name: &str) -> Option<&[u8]> {
+        let found = self
+            .fields
+            .iter()
+            .find(|(field, _)| field == name.as_bytes());
+        found.map(|(_, value)| value.as_slice())
+    }
+
+    /// The value of the field `name`, if it is UTF-8.
+    fn text(&self, name: &str) -> Option<String> {
+        let value = self.field(name)?;
+        std::str::from_utf8(value).ok().map(str::to_owned)
+    }
+}
+
+/// The entries of an `XREADGROUP` answer: per stream, its name and its entries (nil: none came).
+fn read_entries(reply: Value) -> Result<Vec<RawEntry>, SourceError> {
+    let streams = match reply {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Array(streams) => streams
+            .into_iter()
+            .map(|stream| match stream {
+                Value::Array(pair) => pair.into_iter().nth(1).ok_or_else(unexpected),
+                _ => Err(unexpected()),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Value::Map(streams) => streams.into_iter().map(|(_, entries)| entries).collect(),
+        _ => return Err(unexpected()),
+    };
+    let mut entries = Vec::new();
+    for list in streams {
+        entries.extend(entries_of(list)?);
+    }
+    Ok(entries)
+}
+
+/// The answer of `XAUTOCLAIM`: where the next call goes on, and the entries it claimed.
+fn claimed_entries(reply: Value) -> Result<(String, Vec<RawEntry>), SourceError> {
+    let Value::Array(parts) = reply else {
+        return Err(unexpected());
+    };
+    let mut parts = parts.into_iter();
+    let next = parts.next().and_then(text).ok_or_else(unexpected)?;
+    let claimed = entries_of(parts.next().ok_or_else(unexpected)?)?;
+    Ok((next, claimed))
+}
+
+/// Entries as `[[id, [name, value, ...]], ...]`. An entry deleted from the stream while it was
+/// pending comes with no fields: it is not there to deliver.
+fn entries_of(list: Value) -> Result<Vec<RawEntry>, SourceError> {
+    let Value::Array(items) = list else {
+        return Err(unexpected());
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(parts) = item else {
+            return Err(unexpected());
+        };
+        let mut parts = parts.into_iter();
+        let id = parts.next().and_then(text).ok_or_else(unexpected)?;
+        match parts.next() {
+            Some(Value::Array(flat)) => entries.push(RawEntry {
+                id,
+                fields: fields_of(flat)?,
+            }),
+            Some(Value::Nil) | None => tracing::warn!(%id, "a pending entry was deleted"),
+            Some(_) => return Err(unexpected()),
+        }
+    }
+    Ok(entries)
+}
+
+/// An entry's fields, `[name, value, ...]`, as pairs of bytes.
+fn fields_of(flat: Vec<Value>) -> Result<Vec<Field>, SourceError> {
+    let mut values = flat.into_iter().map(bytes);
+    let mut fields = Vec::new();
+    while let Some(name) = values.next() {
+        let value = values.next().ok_or_else(unexpected)?;
+        fields.push((name?, value?));
+    }
+    Ok(fields)
+}
+
+/// A string of the answer as its bytes.
+fn bytes(value: Value) -> Result<Vec<u8>, SourceError> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        Value::SimpleString(text) => Ok(text.into_bytes()),
+        _ => Err(unexpected()),
+    }
+}
+
+/// A string of the answer as text (an entry id).
+fn text(value: Value) -> Option<String> {
+    String::from_utf8(bytes(value).ok()?).ok()
+}
+
+/// An answer of a shape the commands do not give.
+fn unexpected() -> SourceError {
+    "Redis answered a stream read in a shape it does not have".into()
+}
+
+/// Creates the group on the stream (and the stream with it) unless it is there, reading from
+/// the stream's start.
+async fn create_group(
+    connection: &mut ConnectionManager,
+    entries: &Entries,
+) -> Result<(), SourceError> {
+    let created: redis::RedisResult<()> = connection
+        .xgroup_create_mkstream(&entries.stream, &entries.group, "0")
+        .await;
+    match created {
+        Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Whether `error` says that the group is not there (the stream was deleted, or the server
+/// restarted without what it kept).
+fn no_group(error: &SourceError) -> bool {
+    let redis = error.downcast_ref::<redis::RedisError>();
+    redis.is_some_and(|error| error.code() == Some("NOGROUP"))
 }
 
 /// How long a read waits for new entries: a quarter of the visibility timeout, at most a second.
@@ -260,14 +409,7 @@ impl RedisStreamSourceBuilder {
         let mut reads =
             ConnectionManager::new_with_config(self.client.clone(), reads_config).await?;
         let acks = ConnectionManager::new(self.client).await?;
-        let entries = &self.entries;
-        let created: redis::RedisResult<()> = reads
-            .xgroup_create_mkstream(&entries.stream, &entries.group, "0")
-            .await;
-        match created {
-            Err(error) if error.code() == Some("BUSYGROUP") => {}
-            other => other?,
-        }
+        create_group(&mut reads, &self.entries).await?;
         Ok(RedisStreamSource {
             reads,
             acks,
@@ -286,9 +428,16 @@ impl Source for RedisStreamSource {
             if let Some(delivery) = self.ready.pop_front() {
                 return Ok(Some(delivery));
             }
-            self.claim_abandoned().await?;
-            if self.ready.is_empty() {
-                self.read_new().await?;
+            match self.fetch().await {
+                Err(error) if no_group(&error) => {
+                    // The stream went with its group (and a publisher may have added it again
+                    // since): the group comes back, reading from the start, so that nothing
+                    // added since is missed.
+                    tracing::warn!(group = %self.entries.group, "the group is gone; creating it again");
+                    self.claim_from = START.to_owned();
+                    create_group(&mut self.reads, &self.entries).await?;
+                }
+                other => other?,
             }
         }
     }
@@ -369,9 +518,14 @@ pub struct RedisStreamPublisher {
 
 impl RedisStreamPublisher {
     /// A publisher over `client`, writing the type tag and id to the default [`HeaderNames`].
+    ///
+    /// An `XADD` waits for its answer as long as it takes (the relay bounds each publication):
+    /// the client's default of half a second would count a large entry, or one during a stall of
+    /// the server's disk, as failed after the server added it, and add it again on each try.
     pub async fn new(client: &Client) -> Result<Self, SourceError> {
+        let config = ConnectionManagerConfig::new().set_response_timeout(None);
         Ok(Self {
-            connection: ConnectionManager::new(client.clone()).await?,
+            connection: ConnectionManager::new_with_config(client.clone(), config).await?,
             headers: HeaderNames::default(),
         })
     }
