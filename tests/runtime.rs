@@ -308,6 +308,34 @@ macro_rules! runtime_suite {
             assert_eq!(count(&pool, "inbox_messages").await, broker.acked() as i64, "committed = acknowledged");
         }
 
+        /// A run whose future is dropped (a `select!` with a signal, a timeout) leaves no worker
+        /// behind holding a connection: each finishes what was queued and ends, so once the inbox
+        /// is dropped too, the pool has every connection back.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_dropped_run_gives_its_connections_back() {
+            let Some(pool) = ledger("dropped_run").await else { return };
+            let inbox = billing(&pool, 4).await;
+            let broker = MemoryBroker::new();
+            for i in 0..200 {
+                broker.publish(envelope(&Credited::new(format!("e-{i}"), format!("acct-{}", i % 9), i / 9 + 1, 1)));
+            }
+            let started = {
+                let broker = broker.clone();
+                async move { $crate::common::eventually("some deliveries were acknowledged", || broker.acked() >= 10).await }
+            };
+
+            tokio::select! {
+                _ = inbox.run(broker.source()) => panic!("the run ended on its own"),
+                () = started => {}
+            }
+            drop(inbox);
+
+            $crate::common::eventually("every connection is back in the pool", || {
+                pool.num_idle() == pool.size() as usize
+            })
+            .await;
+        }
+
         #[tokio::test]
         async fn an_unroutable_delivery_is_kept_as_rejected_and_the_run_goes_on() {
             let Some(pool) = ledger("rejected_delivery").await else { return };

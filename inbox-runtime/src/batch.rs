@@ -32,10 +32,18 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Batches of up to `size` jobs (at least one), taking what is ready without waiting.
+    /// The largest batch: past it, a batch gains nothing and holds its streams' locks longer.
+    pub const MAX_SIZE: usize = 10_000;
+
+    /// Batches of up to `size` jobs (at least one, at most [`Batch::MAX_SIZE`]), taking what is
+    /// ready without waiting.
+    ///
+    /// ```
+    /// assert_eq!(inbox::Batch::new(usize::MAX).size(), inbox::Batch::MAX_SIZE);
+    /// ```
     pub fn new(size: usize) -> Self {
         Self {
-            size: size.max(1),
+            size: size.clamp(1, Self::MAX_SIZE),
             linger: Duration::ZERO,
         }
     }

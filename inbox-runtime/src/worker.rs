@@ -78,6 +78,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let capacity = shared.workers * QUEUE_PER_WORKER.max(2 * shared.batch.size());
     let scheduler = Arc::new(Scheduler::new(shared.workers, capacity));
+    let _closing = CloseOnDrop(Arc::clone(&scheduler));
     let workers: Vec<_> = (0..shared.workers)
         .map(|_| tokio::spawn(handle_all(Arc::clone(&shared), Arc::clone(&scheduler))))
         .collect();
@@ -118,6 +119,18 @@ pub(crate) async fn run<DB: Backend, S: Source>(
         tracing::error!(%error, "the retention purge failed");
     }
     routed.map(|()| report)
+}
+
+/// Closes the scheduler when dropped. A run whose future is dropped before its end (cancelled by
+/// a `select!` or a timeout) stops its sweeper, purger and keeper with their stop signals; this
+/// lets its workers finish what was queued (acknowledging what commits) and end, instead of
+/// waiting for work for ever, each holding a connection of the pool.
+struct CloseOnDrop<T>(Arc<Scheduler<T>>);
+
+impl<T> Drop for CloseOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// Sweeps at once (consuming starts meanwhile: a slow first sweep after a restart stalls nothing),
@@ -569,6 +582,7 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
     let mut retry: Option<Duration> = None;
     let mut hand_back: Option<Duration> = None;
     let mut dead = false;
+    let mut rejection: Option<String> = None;
     let mut outcomes = Vec::with_capacity(results.len());
     for result in results {
         let delay = match result {
@@ -601,11 +615,14 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
                 }
                 *retry_after
             }
-            Err(error) if !error.is_transient() => return Settlement::Reject(error.to_string()),
+            Err(error) if !error.is_transient() => {
+                rejection.get_or_insert_with(|| error.to_string());
+                continue;
+            }
             Err(error) if attempt >= UNHANDLED_LIMIT => {
-                return Settlement::Reject(format!(
-                    "not handled after {attempt} deliveries: {error}"
-                ));
+                let reason = || format!("not handled after {attempt} deliveries: {error}");
+                rejection.get_or_insert_with(reason);
+                continue;
             }
             Err(error) => {
                 tracing::warn!(%error, attempt, "handling failed before the failure could be recorded; handing the delivery back");
@@ -617,6 +634,9 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
         retry = Some(retry.map_or(delay, |shortest| shortest.min(delay)));
     }
     report.delivered(&mut outcomes);
+    if let Some(reason) = rejection {
+        return Settlement::Reject(reason);
+    }
     match (hand_back, retry, dead) {
         (Some(delay), _, _) => Settlement::HandBack(delay),
         (None, Some(delay), _) => Settlement::Retry(delay),
