@@ -1,7 +1,7 @@
 //! Kafka beyond the conformance suite (tests/brokers.rs): the offset a consumer group commits is
 //! never ahead of a message still in flight, so a consumer killed mid-batch loses nothing and the
 //! next one handles every message once; a failed message does not hold its partition up, and the
-//! runtime retries it from the store. Runs when `INBOX_TEST_KAFKA_BROKERS` and
+//! runtime retries it from the store; a header name that is not UTF-8 stops nothing. Runs when `INBOX_TEST_KAFKA_BROKERS` and
 //! `INBOX_TEST_POSTGRES_URL` are set (required under `CI=true`): the inbox runs on PostgreSQL,
 //! where a handler stalled in its transaction holds up no other aggregate.
 #![cfg(feature = "kafka")]
@@ -267,5 +267,83 @@ async fn a_consumer_dropped_while_its_group_rebalances_closes() {
         let _ = joining.await;
         close_within_half_a_minute(first, "the first consumer").await;
         close_within_half_a_minute(second, "the second consumer").await;
+    }
+}
+
+/// A record with a header name that is not UTF-8 (any producer can write one) is delivered
+/// without that header, and the consumer goes on with the next record: rdkafka's own header
+/// reader would panic on it, each time the record came back.
+#[tokio::test]
+async fn a_header_name_that_is_not_utf8_is_left_out() {
+    use inbox::Source;
+    use inbox::kafka::rdkafka::message::{Header, OwnedHeaders};
+    use inbox::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let Some(topic) = Topic::new("kafka_header_not_utf8").await else {
+        return;
+    };
+    let producer: FutureProducer = config(&topic.brokers).create().expect("a producer");
+    let tagged = |id: &'static str| {
+        let header = |key, value: &'static str| Header {
+            key,
+            value: Some(value),
+        };
+        OwnedHeaders::new()
+            .insert(header("ce-type", "test.credited"))
+            .insert(header("ce-id", id))
+    };
+    for (id, odd) in [("e-1", true), ("e-2", false)] {
+        let headers = tagged(id);
+        if odd {
+            add_raw_header(&headers, b"odd-\xff-name", b"value");
+        }
+        let record = FutureRecord::<(), _>::to(&topic.name)
+            .payload(&b"{}"[..])
+            .headers(headers);
+        let sent = producer.send(record, Duration::from_secs(10)).await;
+        sent.map_err(|(e, _)| e).expect("publish");
+    }
+    let mut source = topic.source();
+
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let next = tokio::time::timeout(Duration::from_secs(30), source.next());
+        let delivery = next.await.expect("a delivery in time").expect("read");
+        let delivery = delivery.expect("the source goes on");
+        ids.push(delivery.envelope().id().to_owned());
+        let kept = delivery
+            .envelope()
+            .headers()
+            .keys()
+            .any(|name| name.starts_with("odd"));
+        assert!(!kept, "{:?}", delivery.envelope());
+    }
+
+    assert_eq!(ids, ["e-1", "e-2"]);
+}
+
+/// Adds a header to `headers` through librdkafka, whose names are bytes (rdkafka's own `insert`
+/// takes only text).
+fn add_raw_header(
+    headers: &inbox::kafka::rdkafka::message::OwnedHeaders,
+    name: &[u8],
+    value: &[u8],
+) {
+    use inbox::kafka::rdkafka::bindings::{rd_kafka_header_add, rd_kafka_headers_t};
+    use inbox::kafka::rdkafka::message::BorrowedHeaders;
+
+    // A borrowed view of headers is, by rdkafka's own construction, the native list itself.
+    let native = std::ptr::from_ref::<BorrowedHeaders>(headers.as_borrowed()).cast_mut();
+    let native = native.cast::<rd_kafka_headers_t>();
+    let (name_size, value_size) = (name.len() as isize, value.len() as isize);
+    // SAFETY: `native` is the live list `headers` owns; librdkafka copies name and value.
+    unsafe {
+        rd_kafka_header_add(
+            native,
+            name.as_ptr().cast(),
+            name_size,
+            value.as_ptr().cast(),
+            value_size,
+        );
     }
 }

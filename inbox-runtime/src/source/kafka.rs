@@ -32,7 +32,8 @@
 //!   of the group. The runtime handles an aggregate's messages one at a time in the order they
 //!   came; messages of different aggregates on one partition run concurrently.
 //! - **Mapping**: the type tag and id come from the [`HeaderNames`] headers (the id falls back to
-//!   `topic/partition/offset`); other UTF-8 headers become headers, the topic is the `destination`
+//!   `topic/partition/offset`); other headers whose name and value are UTF-8 become headers (one
+//!   whose name is not is left out, where rdkafka's own reader would panic), the topic is the `destination`
 //!   header, and `produced_at` is the message's timestamp. A message without a type tag is a
 //!   delivery the run keeps as rejected, with its bytes.
 //!
@@ -51,7 +52,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
 };
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::TopicPartitionListElem;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
@@ -309,16 +310,50 @@ impl Ord for Redelivery {
     }
 }
 
-/// A Kafka message as an envelope, and whether it lacks the type tag header.
-fn envelope(message: &BorrowedMessage<'_>, names: &HeaderNames) -> (Envelope, bool) {
-    let mut headers = BTreeMap::new();
-    if let Some(all) = message.headers() {
-        for header in all.iter() {
-            if let Some(Ok(value)) = header.value.map(std::str::from_utf8) {
-                headers.insert(header.key.to_owned(), value.to_owned());
-            }
+/// The headers of `message` whose name and value are UTF-8 (the last of a name wins).
+///
+/// They are read through librdkafka itself: rdkafka's reader (`Headers::iter`) panics on a name
+/// that is not UTF-8, which any producer can write, and the record would then stop the consumer
+/// each time it came back.
+fn text_headers(message: &BorrowedMessage<'_>) -> BTreeMap<String, String> {
+    use rdkafka::bindings::{
+        rd_kafka_header_cnt, rd_kafka_header_get_all, rd_kafka_message_headers,
+    };
+    use rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR as FOUND;
+
+    let mut texts = BTreeMap::new();
+    let mut headers = std::ptr::null_mut();
+    // SAFETY: the message is alive for the borrow, and its headers stay its own (read, never
+    // detached or freed here).
+    let found = unsafe { rd_kafka_message_headers(message.ptr(), &mut headers) };
+    if found != FOUND || headers.is_null() {
+        return texts;
+    }
+    // SAFETY: `headers` is the message's own list, alive as long as the message.
+    let count = unsafe { rd_kafka_header_cnt(headers) };
+    for at in 0..count {
+        let (mut name, mut value, mut size) = (std::ptr::null(), std::ptr::null(), 0);
+        // SAFETY: `at` is below the count; the pointers written belong to the list.
+        let got = unsafe { rd_kafka_header_get_all(headers, at, &mut name, &mut value, &mut size) };
+        if got != FOUND || name.is_null() || value.is_null() {
+            continue;
+        }
+        // SAFETY: librdkafka gives a NUL-terminated name and a value of `size` bytes, both alive
+        // as long as the list.
+        let (name, value) = unsafe {
+            let name = std::ffi::CStr::from_ptr(name).to_bytes();
+            (name, std::slice::from_raw_parts(value.cast::<u8>(), size))
+        };
+        if let (Ok(name), Ok(value)) = (std::str::from_utf8(name), std::str::from_utf8(value)) {
+            texts.insert(name.to_owned(), value.to_owned());
         }
     }
+    texts
+}
+
+/// A Kafka message as an envelope, and whether it lacks the type tag header.
+fn envelope(message: &BorrowedMessage<'_>, names: &HeaderNames) -> (Envelope, bool) {
+    let mut headers = text_headers(message);
     let message_type = headers.remove(&names.message_type);
     let id = headers.remove(&names.message_id).unwrap_or_else(|| {
         let (topic, partition) = (message.topic(), message.partition());
