@@ -345,6 +345,48 @@ mod jetstream_broker {
         }
     }
 
+    /// A durable consumer deleted under a running source (by an operator, or lost with a server
+    /// that kept it in memory) is made again: the source goes on with what is published next,
+    /// instead of pulling on a name nobody answers for ever.
+    #[tokio::test]
+    async fn a_deleted_consumer_is_made_again() {
+        use inbox::Source;
+
+        let Some(broker) = JetStream::new("jetstream_consumer_gone").await else {
+            return;
+        };
+        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        broker.publish(&envelope(1)).await.expect("publish");
+        let mut source = broker.source().await;
+        let first = crate::first_delivery(&mut source).await;
+        assert_eq!(first.envelope().id(), "e-1");
+        let stream = broker
+            .context
+            .get_stream(&broker.stream)
+            .await
+            .expect("the stream");
+        stream
+            .delete_consumer("group")
+            .await
+            .expect("delete the consumer");
+
+        broker.publish(&envelope(2)).await.expect("publish");
+
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                // Errors come while the pull finds out that its consumer is gone.
+                if let Ok(Some(delivery)) = source.next().await
+                    && delivery.envelope().id() == "e-2"
+                {
+                    return;
+                }
+            }
+        });
+        found
+            .await
+            .expect("e-2 delivered once the consumer is back");
+    }
+
     /// What no server will ever take is refused, so the relay counts its attempts and keeps it
     /// failed, instead of trying again for ever: a subject with a space, a message over the
     /// server's `max_payload`, or a header NATS cannot carry (a line break in the type tag, which

@@ -115,6 +115,22 @@ macro_rules! guard_suite {
             assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(2));
         }
 
+        /// Sequences start at 0: the first event of a new aggregate at 0 applies, like any
+        /// other first event, on every database.
+        #[tokio::test]
+        async fn a_first_event_at_sequence_zero_applies() {
+            let Some(pool) = ledger("sequence_zero").await else {
+                return;
+            };
+
+            assert_eq!(apply(&pool, "e-0", "acct", 0, 1).await, Outcome::Processed);
+            assert_eq!(apply(&pool, "e-1", "acct", 1, 2).await, Outcome::Processed);
+            assert_eq!(apply(&pool, "e-9", "acct", 0, 4).await, Outcome::Stale);
+
+            assert_eq!(balance(&pool, "acct").await, 3);
+            assert_eq!(last_sequence(&pool, "credit", "acct").await, Some(1));
+        }
+
         #[tokio::test]
         async fn equal_sequence_is_stale_and_gaps_are_allowed() {
             let Some(pool) = ledger("equal_sequence").await else {

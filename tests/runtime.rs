@@ -80,6 +80,24 @@ macro_rules! runtime_suite {
             assert_eq!(balance(&pool, "acct").await, 30);
         }
 
+        /// The first event of new aggregates at sequence 0 applies, in a batch too.
+        #[tokio::test]
+        async fn first_events_at_sequence_zero_apply() {
+            let Some(pool) = ledger("runtime_sequence_zero").await else { return };
+            let inbox = billing(&pool, 1).await;
+            let broker = MemoryBroker::new();
+            for account in ["a", "b"] {
+                broker.publish(envelope(&Credited::new(format!("{account}-0"), account, 0, 1)));
+                broker.publish(envelope(&Credited::new(format!("{account}-1"), account, 1, 2)));
+            }
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!(report.handler_calls_with(Outcome::Processed), 4, "{report:?}");
+            assert_eq!((balance(&pool, "a").await, balance(&pool, "b").await), (3, 3));
+        }
+
         #[tokio::test]
         async fn the_report_counts_deliveries_apart_from_handler_calls() {
             let Some(pool) = ledger("report_deliveries").await else { return };

@@ -210,7 +210,8 @@ pub struct StreamSql {
     /// newer; `None` where the database cannot say which (MySQL): then the stream is locked,
     /// compared and set.
     pub advance: Option<&'static str>,
-    /// Locks the stream row, creating it at 0; gives the last applied sequence ([`streams::lock`]).
+    /// Locks the stream row, creating it at the value of its last parameter; gives the last
+    /// applied sequence ([`streams::lock`]).
     pub lock: Returning,
     /// Moves a locked stream ([`streams::set`]).
     pub set: &'static str,
@@ -303,7 +304,8 @@ pub enum BulkAdvance {
     /// [`StreamSql::lock`] does one; their last sequences are read
     /// ([`BatchSql::last_sequences`]) and `set` moves those behind their message's sequence.
     LockThenSet {
-        /// Creates (at 0) or touches every stream, in key order.
+        /// Creates (just before its first sequence, so that it applies) or touches every
+        /// stream, in key order.
         lock: &'static str,
         /// Moves each stream to its sequence.
         set: &'static str,

@@ -180,7 +180,7 @@ const SQL: Statements = Statements {
         advance: None,
         lock: Returning::ThenRead {
             write: "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
-                VALUES (?, ?, ?, 0) ON DUPLICATE KEY UPDATE updated_at = CURRENT_TIMESTAMP(6)",
+                VALUES (?, ?, ?, ?) ON DUPLICATE KEY UPDATE updated_at = CURRENT_TIMESTAMP(6)",
             read: "SELECT last_sequence FROM inbox_streams WHERE consumer = ? AND handler = ? AND aggregate_id = ?",
         },
         set: "UPDATE inbox_streams SET last_sequence = ?, updated_at = CURRENT_TIMESTAMP(6) \
@@ -332,8 +332,12 @@ const SQL: Statements = Statements {
         advance: BulkAdvance::LockThenSet {
             lock: concat!(
                 "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
-                SELECT ?, r.handler, r.aggregate_id, 0 FROM ",
-                batch_rows!(text_column!("handler"), text_column!("aggregate_id")),
+                SELECT ?, r.handler, r.aggregate_id, r.sequence_number - 1 FROM ",
+                batch_rows!(
+                    text_column!("handler"),
+                    text_column!("aggregate_id"),
+                    "sequence_number BIGINT PATH '$.sequence_number'"
+                ),
                 " ORDER BY r.handler, r.aggregate_id \
                 ON DUPLICATE KEY UPDATE updated_at = CURRENT_TIMESTAMP(6)"
             ),

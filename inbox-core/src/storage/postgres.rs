@@ -359,7 +359,7 @@ pub(super) const SQL: Statements = Statements {
         ),
         lock: Returning::Inline(
             "INSERT INTO inbox_streams (consumer, handler, aggregate_id, last_sequence) \
-            VALUES ($1, $2, $3, 0) ON CONFLICT (consumer, handler, aggregate_id) \
+            VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, handler, aggregate_id) \
             DO UPDATE SET updated_at = CURRENT_TIMESTAMP RETURNING last_sequence",
         ),
         set: "UPDATE inbox_streams SET last_sequence = $1, updated_at = CURRENT_TIMESTAMP \

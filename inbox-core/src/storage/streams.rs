@@ -48,7 +48,9 @@ pub async fn advance<DB: Backend>(
     sequence: i64,
 ) -> Result<bool, sqlx::Error> {
     let Some(advance) = DB::SQL.streams.advance else {
-        let last = lock(tx, stream).await?;
+        // A new stream is created just before this message, so that its first one applies
+        // whatever its sequence (0 included).
+        let last = lock_created_at(tx, stream, sequence.saturating_sub(1)).await?;
         if sequence <= last {
             return Ok(false);
         }
@@ -59,14 +61,25 @@ pub async fn advance<DB: Backend>(
     Ok(sql::execute::<DB>(sql::conn(tx), advance, &params).await? == 1)
 }
 
-/// Locks the stream row (creating it at 0 if missing, race-free like [`advance`]) and returns
-/// the last applied sequence.
+/// Locks the stream row (creating it at 0, where strict ordering has applied nothing, if
+/// missing, race-free like [`advance`]) and returns the last applied sequence.
 pub async fn lock<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     stream: &Stream<'_>,
 ) -> Result<i64, sqlx::Error> {
-    let params = stream_params(stream);
-    returning::<DB, i64>(sql::conn(tx), DB::SQL.streams.lock, &params, &params)
+    lock_created_at(tx, stream, 0).await
+}
+
+/// Locks the stream row, creating it at `created` if missing, and returns the last applied
+/// sequence.
+async fn lock_created_at<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    stream: &Stream<'_>,
+    created: i64,
+) -> Result<i64, sqlx::Error> {
+    let write = and(stream, Param::Int(created));
+    let read = stream_params(stream);
+    returning::<DB, i64>(sql::conn(tx), DB::SQL.streams.lock, &write, &read)
         .await?
         .ok_or(sqlx::Error::RowNotFound)
 }

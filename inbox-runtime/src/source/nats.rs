@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::consumer::pull::{self, Stream as Messages};
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::message::{AckKind, Acker};
 use async_nats::jetstream::{self, Context};
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
@@ -73,6 +74,12 @@ const NATS_MSG_ID: &str = "Nats-Msg-Id";
 /// ```
 pub struct JetStreamSource {
     consumer: PullConsumer,
+    /// The stream and the configuration the consumer was made with, to make it again.
+    stream: jetstream::stream::Stream,
+    config: pull::Config,
+    /// Whether the consumer may be gone: looked up (and created again if it is) before the
+    /// next pull.
+    look_up: bool,
     messages: Option<Messages>,
     batch: usize,
     headers: HeaderNames,
@@ -108,8 +115,15 @@ impl JetStreamSource {
         }
     }
 
-    /// Starts the pull that yields messages, unless it runs.
+    /// Starts the pull that yields messages, unless it runs; first makes the consumer again if
+    /// it is gone.
     async fn pull(&mut self) -> Result<(), SourceError> {
+        if self.look_up {
+            let name = self.config.durable_name.clone().unwrap_or_default();
+            let config = self.config.clone();
+            self.consumer = self.stream.get_or_create_consumer(&name, config).await?;
+            self.look_up = false;
+        }
         if self.messages.is_none() {
             let pull = self
                 .consumer
@@ -165,10 +179,14 @@ impl JetStreamSourceBuilder {
     pub async fn build(self) -> Result<JetStreamSource, SourceError> {
         let stream = self.context.get_stream(&self.stream).await?;
         let name = self.config.durable_name.clone().unwrap_or_default();
-        let consumer: PullConsumer = stream.get_or_create_consumer(&name, self.config).await?;
+        let config = self.config.clone();
+        let consumer: PullConsumer = stream.get_or_create_consumer(&name, config).await?;
         let ack_wait = consumer.cached_info().config.ack_wait;
         Ok(JetStreamSource {
             consumer,
+            stream,
+            config: self.config,
+            look_up: false,
             messages: None,
             batch: self.batch,
             headers: self.headers,
@@ -185,7 +203,15 @@ impl Source for JetStreamSource {
         };
         match messages.next().await {
             Some(Ok(message)) => Ok(Some(delivery(message, &self.headers)?)),
-            Some(Err(error)) => Err(error.into()),
+            Some(Err(error)) => {
+                if consumer_may_be_gone(error.kind()) {
+                    // A pull on a consumer that is gone would ask a name nobody answers for
+                    // ever: the next pull starts after the consumer is looked up.
+                    self.messages = None;
+                    self.look_up = true;
+                }
+                Err(error.into())
+            }
             None => {
                 self.messages = None;
                 Err("the JetStream pull ended; starting another".into())
@@ -197,15 +223,20 @@ impl Source for JetStreamSource {
         Some(self.keep_alive)
     }
 
-    /// Hands back what the pull has fetched: every message it yields within 200 ms of
-    /// the last. Each is redelivered once the pull's request has expired on the server (so it
-    /// goes to a live consumer, not back to this pull, which ends here).
+    /// Hands back what the pull has fetched: every message it yields within 200 ms of the last,
+    /// until the requests it had sent have expired on the server. Each is redelivered once the
+    /// pull's request has expired (so it goes to a live consumer, not back to this pull, which
+    /// ends here). The pull goes on asking for more while it is read: the bound keeps a drain
+    /// on a backlog from fetching messages only to hand them back.
     async fn drain(&mut self) {
         let Some(mut messages) = self.messages.take() else {
             return;
         };
+        let expired = tokio::time::Instant::now() + PULL_EXPIRES;
         loop {
-            let message = match tokio::time::timeout(DRAIN_WAIT, messages.next()).await {
+            let left = expired.saturating_duration_since(tokio::time::Instant::now());
+            let wait = DRAIN_WAIT.min(left);
+            let message = match tokio::time::timeout(wait, messages.next()).await {
                 Ok(Some(Ok(message))) => message,
                 Ok(Some(Err(_))) => continue,
                 Ok(None) | Err(_) => return,
@@ -216,6 +247,16 @@ impl Source for JetStreamSource {
             }
         }
     }
+}
+
+/// Whether a pull's error may mean that its consumer is gone: deleted (by an operator, or lost
+/// with a server that kept it in memory), or nobody answering for it.
+fn consumer_may_be_gone(kind: pull::MessagesErrorKind) -> bool {
+    use pull::MessagesErrorKind::{ConsumerDeleted, MissingHeartbeat, NoResponders, Pull};
+    matches!(
+        kind,
+        ConsumerDeleted | NoResponders | MissingHeartbeat | Pull
+    )
 }
 
 /// A JetStream message as a delivery.
@@ -311,6 +352,18 @@ impl JetStreamPublisher {
         self
     }
 
+    /// "No stream" answers a publication when no stream takes its subject, and also while the
+    /// stream that takes it has no leader (an election, its server restarting): a refusal only
+    /// when the server says that no stream takes the subject.
+    async fn no_stream(&self, subject: &str, error: PublishError) -> SinkError {
+        match self.context.stream_by_subject(subject).await {
+            Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => {
+                SinkError::Refused(error.to_string())
+            }
+            _ => SinkError::unavailable(error),
+        }
+    }
+
     /// The envelope's headers as NATS carries them, or a refusal naming the first one it cannot
     /// carry (a name with a control character, a space or a `:`; a line break in a value).
     fn header_map(&self, envelope: &Envelope) -> Result<HeaderMap, SinkError> {
@@ -340,28 +393,37 @@ impl Sink for JetStreamPublisher {
             let sent = self
                 .context
                 .publish_with_headers(subject, self.header_map(envelope)?, payload)
-                .await
-                .map_err(publish_error)?;
-            sent.await.map_err(publish_error)?;
-            Ok(())
+                .await;
+            let acked = match sent {
+                Ok(ack) => ack.await,
+                Err(error) => Err(error),
+            };
+            match acked {
+                Ok(_) => Ok(()),
+                Err(error) if error.kind() == PublishErrorKind::StreamNotFound => {
+                    Err(self.no_stream(destination, error).await)
+                }
+                Err(error) => Err(publish_error(error)),
+            }
         })
     }
 }
 
-/// A stream that does not take the subject, an expectation the stream refused, a message over
-/// the server's `max_payload`, a subject no server takes (a space in it, an empty token) or an
-/// error the stream answered with (a message over its size limit, say) is a refusal; anything
-/// else (no connection, no ack in time) may pass on a later try.
-fn publish_error(error: async_nats::jetstream::context::PublishError) -> SinkError {
-    use async_nats::jetstream::context::PublishErrorKind;
+/// An expectation the stream refused, a message over the server's `max_payload`, a subject no
+/// server takes (a space in it, an empty token) or an error the stream answered with about the
+/// message (over the stream's size limit, say) is a refusal; anything else (no connection, no ack
+/// in time, a stream without a leader or out of resources for now) may pass on a later try.
+/// "No stream" is looked into apart ([`JetStreamPublisher::no_stream`]).
+fn publish_error(error: PublishError) -> SinkError {
     let refused = match error.kind() {
-        PublishErrorKind::StreamNotFound
-        | PublishErrorKind::WrongLastMessageId
+        PublishErrorKind::WrongLastMessageId
         | PublishErrorKind::WrongLastSequence
         | PublishErrorKind::MaxPayloadExceeded => true,
         PublishErrorKind::Other => std::error::Error::source(&error).is_some_and(|source| {
             source.is::<async_nats::subject::SubjectError>()
-                || source.is::<async_nats::jetstream::Error>()
+                || source
+                    .downcast_ref::<async_nats::jetstream::Error>()
+                    .is_some_and(|answer| !for_now(answer))
         }),
         _ => false,
     };
@@ -369,4 +431,23 @@ fn publish_error(error: async_nats::jetstream::context::PublishError) -> SinkErr
         true => SinkError::Refused(error.to_string()),
         false => SinkError::unavailable(error),
     }
+}
+
+/// Whether an error the stream answered with says "not now" rather than "not this message":
+/// no leader or no cluster yet, JetStream still starting, resources (storage, memory, the
+/// account's) exhausted for now, or a store that failed.
+fn for_now(answer: &async_nats::jetstream::Error) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    const FOR_NOW: [ErrorCode; 9] = [
+        ErrorCode::CLUSTER_NOT_AVAILABLE,
+        ErrorCode::CLUSTER_NOT_LEADER,
+        ErrorCode::CLUSTER_NOT_ACTIVE,
+        ErrorCode::JETSTREAM_NOT_ENABLED,
+        ErrorCode::INSUFFICIENT_RESOURCES,
+        ErrorCode::STORAGE_RESOURCES_EXCEEDED,
+        ErrorCode::MEMORY_RESOURCES_EXCEEDED,
+        ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
+        ErrorCode::STREAM_STORE_FAILED,
+    ];
+    answer.code() >= 500 || FOR_NOW.contains(&answer.error_code())
 }
