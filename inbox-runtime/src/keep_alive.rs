@@ -26,9 +26,15 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
-    /// Keeps `delivery` alive until it is settled or dropped.
+    /// Keeps `delivery` alive until it is settled or dropped. The list forgets the dropped ones
+    /// whenever it is full, so it holds at most twice what is alive, however many deliveries
+    /// pass between two reports.
     pub(crate) fn hold(&self, delivery: Weak<dyn Held>) {
-        self.lock().push(delivery);
+        let mut held = self.lock();
+        if held.len() == held.capacity() {
+            held.retain(|delivery| delivery.strong_count() > 0);
+        }
+        held.push(delivery);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn Held>>> {
@@ -68,5 +74,36 @@ impl Keeper {
             }
         });
         (stop, keeper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Settled;
+
+    impl Held for Settled {
+        fn in_progress(&self) -> Option<BoxFuture<'static, Result<(), SourceError>>> {
+            None
+        }
+    }
+
+    #[test]
+    fn the_list_holds_no_more_than_twice_what_is_alive() {
+        let keeper = Keeper::default();
+        let alive: Vec<Arc<dyn Held>> = (0..10).map(|_| Arc::new(Settled) as _).collect();
+        for delivery in &alive {
+            keeper.hold(Arc::downgrade(delivery));
+        }
+
+        for _ in 0..100_000 {
+            let gone: Arc<dyn Held> = Arc::new(Settled);
+            keeper.hold(Arc::downgrade(&gone));
+        }
+
+        let held = keeper.lock();
+        assert!(held.capacity() <= 2 * (alive.len() + 1) + 4, "{}", held.capacity());
+        assert_eq!(held.iter().filter(|d| d.strong_count() > 0).count(), 10);
     }
 }
