@@ -20,7 +20,8 @@
 //!   default); the pull asks for at most [`JetStreamSourceBuilder::batch`] messages at a time.
 //! - **Reconnect**: the client reconnects by itself; errors meanwhile go to the run, which asks
 //!   again after a growing delay. Acks that fail are redelivered by the server after `ack_wait`,
-//!   and the inbox takes the redelivery as a duplicate.
+//!   and the inbox takes the redelivery as a duplicate. A consumer deleted under the source (by
+//!   an operator, or lost with a server that kept it in memory) is made again.
 //! - **Mapping**: type tag and id from the [`HeaderNames`] headers (the id falls back to
 //!   `Nats-Msg-Id`, then to `<stream>:<sequence>`), `produced_at` from the time the server
 //!   stored the message, the subject as the `destination` header, other headers as they are. A
