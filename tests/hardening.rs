@@ -6,6 +6,23 @@
 
 mod common;
 
+/// `error` is a first attempt that failed, to be tried again, and says `says` (what to do).
+fn assert_first_attempt_failed(error: &inbox::Error, says: &str) {
+    let first = matches!(
+        error,
+        inbox::Error::Handler {
+            attempt: 1,
+            retry_after: Some(_),
+            ..
+        }
+    );
+    assert!(first, "{error}");
+    assert!(
+        error.to_string().contains(says),
+        "the error says what to do: {error}"
+    );
+}
+
 macro_rules! hardening_suite {
     ($db:ty, $connect:path, $batch:expr) => {
         use std::collections::HashMap;
@@ -552,6 +569,46 @@ mod sqlite_batched {
 #[cfg(feature = "mysql")]
 mod mysql {
     hardening_suite!(sqlx::MySql, crate::common::mysql, None);
+
+    /// MySQL rolls a whole transaction back when it chooses it to end a deadlock (or a lock
+    /// wait timeout, with `innodb_rollback_on_timeout`), and the statements after it commit on
+    /// their own. A handler that ignores that error and returns `Ok` has lost its writes: the
+    /// guard finds the transaction gone and records a failure, to be tried again, instead of
+    /// settling the message processed with nothing of it kept. The handler here ends its
+    /// transaction with `ROLLBACK`, which leaves the connection as such a deadlock does.
+    #[tokio::test]
+    async fn a_handler_whose_transaction_the_server_rolled_back_has_failed() {
+        let Some(pool) = database("rolled_back_transaction").await else {
+            return;
+        };
+        #[inbox_handler(key = "id", name = "loses_its_transaction")]
+        async fn loses_its_transaction(
+            tx: &mut sqlx::MySqlConnection,
+            payment: Payment,
+        ) -> Result<(), HandlerError> {
+            sqlx::query(
+                "INSERT INTO applied (handler, id, seq) VALUES ('loses_its_transaction', ?, 1)",
+            )
+            .bind(payment.id)
+            .execute(&mut *tx)
+            .await?;
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await;
+            Ok(())
+        }
+
+        let error = loses_its_transaction
+            .process(&pool, payment("p-1", "o-1", 1, "ok"))
+            .await
+            .unwrap_err();
+
+        crate::assert_first_attempt_failed(&error, "rolled");
+        assert_eq!(
+            row(&pool, "loses_its_transaction", "p-1").await.unwrap().0,
+            "failed",
+            "recorded, to be retried"
+        );
+        assert!(applied(&pool, "loses_its_transaction").await.is_empty());
+    }
 }
 
 #[cfg(feature = "mysql")]
@@ -748,21 +805,7 @@ mod postgres {
             .await
             .unwrap_err();
 
-        assert!(
-            matches!(
-                error,
-                Error::Handler {
-                    attempt: 1,
-                    retry_after: Some(_),
-                    ..
-                }
-            ),
-            "{error}"
-        );
-        assert!(
-            error.to_string().contains("savepoint"),
-            "the error says what to do: {error}"
-        );
+        crate::assert_first_attempt_failed(&error, "savepoint");
         assert_eq!(
             row(&pool, "ignores_errors", "p-1").await.unwrap().0,
             "failed",

@@ -696,6 +696,12 @@ fn aborted(error: sqlx::Error) -> HandlerError {
     if crate::error::connection_lost(&error) {
         return HandlerError::from(error);
     }
+    if matches!(&error, sqlx::Error::AnyDriverError(cause) if cause.is::<messages::RolledBack>()) {
+        return HandlerError::msg(format!(
+            "the handler returned Ok, but {error}: a handler must return the error of a statement \
+             the server ended its transaction for (a deadlock), and the message is tried again"
+        ));
+    }
     HandlerError::msg(format!(
         "the handler returned Ok, but its transaction can no longer commit ({error}); a statement \
          that may fail must run in a savepoint (`tx.begin()`) for the handler to go on after it"

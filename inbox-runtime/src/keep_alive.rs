@@ -103,7 +103,11 @@ mod tests {
         }
 
         let held = keeper.lock();
-        assert!(held.capacity() <= 2 * (alive.len() + 1) + 4, "{}", held.capacity());
+        assert!(
+            held.capacity() <= 2 * (alive.len() + 1) + 4,
+            "{}",
+            held.capacity()
+        );
         assert_eq!(held.iter().filter(|d| d.strong_count() > 0).count(), 10);
     }
 }

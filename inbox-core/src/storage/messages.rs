@@ -5,7 +5,7 @@
 use sqlx::{Pool, Transaction};
 
 use super::sql::{self, Columns, FromColumns, Param, named};
-use super::{Backend, Returning, insert_unless_there, key_params, returning};
+use super::{Backend, OpenProbe, Returning, insert_unless_there, key_params, returning};
 use crate::envelope::Envelope;
 use crate::keys::{Claim, DeadReason, Failure, MessageKey, MessageStatus, Resolution};
 use crate::text::storable_text;
@@ -281,23 +281,46 @@ pub async fn schedule_retry<DB: Backend>(
 }
 
 /// Fails if the transaction can no longer commit: PostgreSQL aborts a transaction at its first
-/// failed statement, and then turns `COMMIT` into a silent rollback. Costs nothing where a
-/// failed statement aborts only itself.
+/// failed statement, and then turns `COMMIT` into a silent rollback; MySQL rolls a whole
+/// transaction back for a deadlock, and the statements after it commit on their own. Costs
+/// nothing where a failed statement aborts only itself.
 pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
-    if let Some(check) = DB::SQL.messages.check_open {
-        sql::execute::<DB>(sql::conn(tx), check, &[]).await?;
+    match DB::SQL.messages.check_open {
+        None => Ok(()),
+        Some(OpenProbe::FailsOnceAborted(check)) => sql::execute::<DB>(sql::conn(tx), check, &[])
+            .await
+            .map(drop),
+        Some(OpenProbe::RefusedWhileOpen(check)) => {
+            match sql::execute::<DB>(sql::conn(tx), check, &[]).await {
+                Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("25001") => {
+                    Ok(())
+                }
+                Err(error) => Err(error),
+                Ok(_) => Err(sqlx::Error::AnyDriverError(Box::new(RolledBack))),
+            }
+        }
     }
-    Ok(())
 }
+
+/// What [`check_open`] finds of a transaction the server rolled back under the guard (MySQL,
+/// for a deadlock it chose the transaction for): nothing the transaction wrote is there, and a
+/// batch's messages go one by one ([`refused_for_its_transaction`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the server rolled the transaction back (a deadlock, say): no transaction is active")]
+pub struct RolledBack;
 
 /// Whether `error`, or an error it was caused by, is a statement refused for the transaction it
 /// ran in rather than for itself: because an earlier statement had already aborted it
 /// (PostgreSQL's SQLSTATE `25P02`: the failure of whoever went on from that earlier statement),
 /// or because it was chosen to end a deadlock or a serialization conflict (`40P01`, `40001`,
-/// MySQL's deadlock included), which a transaction holding many messages' locks invites.
+/// MySQL's deadlock included), which a transaction holding many messages' locks invites; or
+/// because the server had already rolled it back ([`RolledBack`]).
 pub fn refused_for_its_transaction(error: &(dyn std::error::Error + 'static)) -> bool {
-    crate::error::database_causes(error)
-        .any(|cause| matches!(cause.code().as_deref(), Some("25P02" | "40P01" | "40001")))
+    let rolled_back = std::iter::successors(Some(error), |error| error.source())
+        .any(|error| error.is::<RolledBack>());
+    rolled_back
+        || crate::error::database_causes(error)
+            .any(|cause| matches!(cause.code().as_deref(), Some("25P02" | "40P01" | "40001")))
 }
 
 /// Marks a `failed` (or `parked`) message dead, keeping its payload for an operator; `reason`, if

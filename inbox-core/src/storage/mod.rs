@@ -185,10 +185,10 @@ pub struct MessageSql {
     pub update_failure: Returning,
     /// Sets when a failed message is due ([`messages::schedule_retry`]).
     pub schedule_retry: &'static str,
-    /// A statement that fails on a transaction that can no longer commit
-    /// ([`messages::check_open`]); `None` where a failed statement leaves the transaction able
-    /// to commit the rest (SQLite, MySQL), so there is nothing to check.
-    pub check_open: Option<&'static str>,
+    /// How to tell that the transaction can still commit ([`messages::check_open`]); `None`
+    /// where nothing a handler meets ends it under the guard (SQLite: a failed statement aborts
+    /// only itself).
+    pub check_open: Option<OpenProbe>,
     /// Marks a failed or parked message dead ([`messages::bury`]).
     pub bury: &'static str,
     /// Sets a row `processed` or `stale`, dropping its payload ([`messages::settle`]).
@@ -310,6 +310,19 @@ pub enum BulkAdvance {
         /// Moves each stream to its sequence.
         set: &'static str,
     },
+}
+
+/// A statement that tells whether a transaction can still commit ([`messages::check_open`]).
+#[derive(Debug, Clone, Copy)]
+pub enum OpenProbe {
+    /// Fails on a transaction that can no longer commit (PostgreSQL aborts a transaction at its
+    /// first failed statement).
+    FailsOnceAborted(&'static str),
+    /// Refused with SQLSTATE `25001` ("a transaction is active") while the transaction is open,
+    /// and run once the server has rolled it back (MySQL rolls a whole transaction back for a
+    /// deadlock or a lock wait timeout it was chosen for, and the statements after it would
+    /// commit on their own).
+    RefusedWhileOpen(&'static str),
 }
 
 /// The statements on the outbox ([`outbox`]).

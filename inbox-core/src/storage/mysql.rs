@@ -12,8 +12,10 @@
 //! - `READ COMMITTED`, pinned per transaction: under `REPEATABLE READ` the gap locks of two claims
 //!   deadlock each other;
 //! - no partial indexes: a generated column and composite indexes (see the migration);
-//! - a failed statement aborts only itself, so there is no transaction to check after a handler
-//!   (`check_open: None`);
+//! - a failed statement aborts only itself, but a deadlock or a lock wait timeout the server
+//!   chose the transaction for rolls all of it back, and the statements after it commit on their
+//!   own: after a handler (and before a batch commits) the transaction is checked with a
+//!   statement refused only while one is active (`SET TRANSACTION`, SQLSTATE `25001`);
 //! - a batch's rows come as a table from `JSON_TABLE`, joined to the inbox's tables in the order
 //!   written (`STRAIGHT_JOIN`: each row one lookup of its key, whatever the statistics say); with
 //!   no `RETURNING` to say which rows a statement wrote, its bulk claim reads the rows there
@@ -32,8 +34,8 @@ use super::postgres::{
 };
 use super::schema;
 use super::{
-    Backend, BatchSql, BulkAdvance, BulkClaim, MessageSql, OperatorSql, OutboxSql, PurgeSql,
-    Returning, Statements, StreamSql,
+    Backend, BatchSql, BulkAdvance, BulkClaim, MessageSql, OpenProbe, OperatorSql, OutboxSql,
+    PurgeSql, Returning, Statements, StreamSql,
 };
 
 /// The time in `$column` as RFC 3339 text, to the second (the session's time zone is UTC).
@@ -156,7 +158,9 @@ const SQL: Statements = Statements {
         },
         schedule_retry: "UPDATE inbox_messages SET retry_at_ms = ? \
             WHERE consumer = ? AND handler = ? AND message_id = ?",
-        check_open: None,
+        // Refused (25001) inside a transaction; outside one it sets what the next is, which
+        // every transaction of the guard sets again when it begins.
+        check_open: Some(OpenProbe::RefusedWhileOpen("SET TRANSACTION READ WRITE")),
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE(?, error_text), dead_reason = ? \
             WHERE consumer = ? AND handler = ? AND message_id = ? AND status IN ('failed', 'parked')",
         settle: "UPDATE inbox_messages \

@@ -14,8 +14,8 @@ use super::Backend;
 use super::operators::RecordSql;
 use super::schema;
 use super::{
-    BatchSql, BulkAdvance, BulkClaim, MessageSql, OperatorSql, OutboxSql, PurgeSql, Returning,
-    Statements, StreamSql,
+    BatchSql, BulkAdvance, BulkClaim, MessageSql, OpenProbe, OperatorSql, OutboxSql, PurgeSql,
+    Returning, Statements, StreamSql,
 };
 
 /// The columns of an `OutboxMessage`.
@@ -331,7 +331,7 @@ pub(super) const SQL: Statements = Statements {
         ),
         schedule_retry: "UPDATE inbox_messages SET retry_at_ms = $1 \
             WHERE consumer = $2 AND handler = $3 AND message_id = $4",
-        check_open: Some("SELECT 1"),
+        check_open: Some(OpenProbe::FailsOnceAborted("SELECT 1")),
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($1, error_text), dead_reason = $2 \
             WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('failed', 'parked')",
         settle: "UPDATE inbox_messages \
