@@ -999,7 +999,7 @@ mod redis_broker {
             .1
             .as_deref()
             .expect("the odd type tag is refused");
-        assert!(reason.contains("ce-type"), "{reason}");
+        assert!(reason.contains("`ce-type` field is not UTF-8"), "{reason}");
     }
 
     /// A group that went with its stream (deleted, or lost by a server that kept nothing) is

@@ -490,6 +490,7 @@ impl Backend for MySql {
             include_str!("../../migrations/mysql/0004_conflicts.sql"),
             include_str!("../../migrations/mysql/0005_retention.sql"),
             include_str!("../../migrations/mysql/0006_no_pad.sql"),
+            include_str!("../../migrations/mysql/0007_no_pad_on_mariadb.sql"),
         )
     }
 }

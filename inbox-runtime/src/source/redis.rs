@@ -213,7 +213,11 @@ impl RedisStreamSource {
         match message_type {
             Some(_) => Delivery::new(envelope, attempt, acker),
             None => {
-                let reason = format!("it has no UTF-8 `{}` field", self.headers.message_type);
+                let name = &self.headers.message_type;
+                let reason = match entry.field(name) {
+                    Some(_) => format!("its `{name}` field is not UTF-8"),
+                    None => format!("it has no `{name}` field"),
+                };
                 Delivery::unreadable(envelope, attempt, acker, reason)
             }
         }
