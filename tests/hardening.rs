@@ -618,6 +618,47 @@ mod mysql_batched {
         crate::common::mysql,
         Some(inbox::Batch::new(8))
     );
+
+    /// In a batch, a handler that goes on after the server rolled the transaction back (a
+    /// deadlock, here its `ROLLBACK`) is found out as soon as it returns: the handlers after it
+    /// never run without a transaction, where each of their statements would commit on its own
+    /// and run again when the batch is done over.
+    #[tokio::test]
+    async fn a_batch_finds_a_rolled_back_transaction_before_the_next_handler() {
+        let Some(pool) = database("rolled_back_batch").await else {
+            return;
+        };
+        #[inbox_handler(key = "id", name = "rolls_back_p2")]
+        async fn rolls_back_p2(
+            tx: &mut sqlx::MySqlConnection,
+            payment: Payment,
+        ) -> Result<(), HandlerError> {
+            sqlx::query("INSERT INTO applied (handler, id, seq) VALUES ('rolls_back_p2', ?, 1)")
+                .bind(&payment.id)
+                .execute(&mut *tx)
+                .await?;
+            if payment.id == "p-2" {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await;
+            }
+            Ok(())
+        }
+        let broker = MemoryBroker::new();
+        for id in ["p-1", "p-2", "p-3", "p-4"] {
+            broker.publish(envelope(id, &payment(id, "o-1", 1, "ok")));
+        }
+        broker.close();
+        let batch = inbox::Batch::new(4).linger(Duration::from_millis(300));
+        let inbox = builder(&pool).batch(batch).workers(1);
+        let inbox = inbox.retry(RetryPolicy::new(1)).handler(rolls_back_p2);
+        let inbox = inbox.build().await.unwrap();
+
+        let report = inbox.run(broker.source()).await.unwrap();
+
+        let applied = applied(&pool, "rolls_back_p2").await;
+        assert_eq!(applied, ["p-1", "p-3", "p-4"], "{report:?}");
+        let p2 = row(&pool, "rolls_back_p2", "p-2").await.unwrap().0;
+        assert_eq!(p2, "dead", "{report:?}");
+    }
 }
 
 mod postgres_batched {

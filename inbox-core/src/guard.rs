@@ -669,7 +669,7 @@ async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
         .record(started.elapsed().as_secs_f64());
     let mut tx = ctx.into_transaction();
     let handled = match handled {
-        Ok(()) if attempt.check == OpenCheck::AfterHandler => {
+        Ok(()) if attempt.check == OpenCheck::AfterHandler || messages::ends_whole::<DB>() => {
             messages::check_open(&mut tx).await.map_err(aborted)
         }
         Ok(()) => Ok(()),

@@ -27,12 +27,16 @@ pub(crate) struct Keeper {
 
 impl Keeper {
     /// Keeps `delivery` alive until it is settled or dropped. The list forgets the dropped ones
-    /// whenever it is full, so it holds at most twice what is alive, however many deliveries
-    /// pass between two reports.
+    /// whenever it is full and then makes room for as many again as are alive, so it holds at
+    /// most about twice what is alive, however many deliveries pass between two reports, and
+    /// looks through itself once per as many holds as there are alive.
     pub(crate) fn hold(&self, delivery: Weak<dyn Held>) {
         let mut held = self.lock();
         if held.len() == held.capacity() {
             held.retain(|delivery| delivery.strong_count() > 0);
+            // Room for as many again as are alive, so that the next pass is that far away.
+            let alive = held.len();
+            held.reserve_exact(alive);
         }
         held.push(delivery);
     }

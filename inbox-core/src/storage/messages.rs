@@ -282,7 +282,7 @@ pub async fn schedule_retry<DB: Backend>(
 
 /// Fails if the transaction can no longer commit: PostgreSQL aborts a transaction at its first
 /// failed statement, and then turns `COMMIT` into a silent rollback; MySQL rolls a whole
-/// transaction back for a deadlock, and the statements after it commit on their own. Costs
+/// transaction back for a deadlock it chose it for, and the statements after it commit on their own. Costs
 /// nothing where a failed statement aborts only itself.
 pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(), sqlx::Error> {
     match DB::SQL.messages.check_open {
@@ -300,6 +300,16 @@ pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(),
             }
         }
     }
+}
+
+/// Whether the server may end a whole transaction under a handler, after which each statement
+/// commits on its own (MySQL): then a batch checks after each handler too, not only before it
+/// commits, so that no handler after the one that went on runs on without a transaction.
+pub fn ends_whole<DB: Backend>() -> bool {
+    matches!(
+        DB::SQL.messages.check_open,
+        Some(OpenProbe::RefusedWhileOpen(_))
+    )
 }
 
 /// What [`check_open`] finds of a transaction the server rolled back under the guard (MySQL,

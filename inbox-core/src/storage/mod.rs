@@ -320,8 +320,8 @@ pub enum OpenProbe {
     FailsOnceAborted(&'static str),
     /// Refused with SQLSTATE `25001` ("a transaction is active") while the transaction is open,
     /// and run once the server has rolled it back (MySQL rolls a whole transaction back for a
-    /// deadlock or a lock wait timeout it was chosen for, and the statements after it would
-    /// commit on their own).
+    /// deadlock it chose it for, and the statements after it would commit on their own). Run
+    /// after every handler, in a batch too ([`messages::ends_whole`]).
     RefusedWhileOpen(&'static str),
 }
 

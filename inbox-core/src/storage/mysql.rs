@@ -12,10 +12,10 @@
 //! - `READ COMMITTED`, pinned per transaction: under `REPEATABLE READ` the gap locks of two claims
 //!   deadlock each other;
 //! - no partial indexes: a generated column and composite indexes (see the migration);
-//! - a failed statement aborts only itself, but a deadlock or a lock wait timeout the server
-//!   chose the transaction for rolls all of it back, and the statements after it commit on their
-//!   own: after a handler (and before a batch commits) the transaction is checked with a
-//!   statement refused only while one is active (`SET TRANSACTION`, SQLSTATE `25001`);
+//! - a failed statement aborts only itself, but a deadlock the server chose the transaction for
+//!   rolls all of it back, and the statements after it commit on their own: after each handler
+//!   (in a batch too) and before a batch commits, the transaction is checked with a statement
+//!   refused only while one is active (`SET TRANSACTION`, SQLSTATE `25001`);
 //! - a batch's rows come as a table from `JSON_TABLE`, joined to the inbox's tables in the order
 //!   written (`STRAIGHT_JOIN`: each row one lookup of its key, whatever the statistics say); with
 //!   no `RETURNING` to say which rows a statement wrote, its bulk claim reads the rows there

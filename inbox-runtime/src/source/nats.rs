@@ -357,8 +357,14 @@ impl JetStreamPublisher {
     /// stream that takes it has no leader (an election, its server restarting): a refusal only
     /// when the server says that no stream takes the subject.
     async fn no_stream(&self, subject: &str, error: PublishError) -> SinkError {
-        match self.context.stream_by_subject(subject).await {
-            Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => {
+        match self
+            .context
+            .stream_by_subject(subject)
+            .await
+            .map_err(|e| e.kind())
+        {
+            // No stream takes it, or no stream could (an empty token: `orders..paid`).
+            Err(GetStreamByNameErrorKind::NotFound | GetStreamByNameErrorKind::InvalidSubject) => {
                 SinkError::Refused(error.to_string())
             }
             _ => SinkError::unavailable(error),
