@@ -355,7 +355,7 @@ mod jetstream_broker {
         let Some(broker) = JetStream::new("jetstream_consumer_gone").await else {
             return;
         };
-        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        let envelope = crate::numbered;
         broker.publish(&envelope(1)).await.expect("publish");
         let mut source = broker.source().await;
         let first = crate::first_delivery(&mut source).await;
@@ -778,7 +778,7 @@ mod rabbitmq_broker {
         broker.declare_exchange(&exchange).await;
         let publisher = AmqpPublisher::new(broker.connection.clone(), &exchange);
         let publisher = publisher.await.expect("a publisher");
-        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        let envelope = crate::numbered;
         let options = inbox::amqp::lapin::options::ExchangeDeleteOptions::default();
         let deleted = broker
             .channel
@@ -804,7 +804,7 @@ mod rabbitmq_broker {
         let Some((broker, mut server)) = RabbitMq::on_own_server("amqp_away").await else {
             return;
         };
-        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        let envelope = crate::numbered;
         broker.publish(&envelope(0)).await.expect("publish");
 
         server.stop();
@@ -1010,7 +1010,7 @@ mod redis_broker {
         let Some(broker) = RedisStreams::new("redis_group_gone").await else {
             return;
         };
-        let envelope = |n: u32| Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec());
+        let envelope = crate::numbered;
         broker.publish(&envelope(1)).await.expect("publish");
         let mut source = broker.source().await;
         assert_eq!(
@@ -1319,6 +1319,11 @@ async fn assert_not_delivered_again<B: TestBroker>(broker: &B, what: &str) {
     let mut source = broker.source().await;
     let again = next_within(&mut source, B::REDELIVERY * 3).await;
     assert!(again.is_none(), "{what}: {again:?}");
+}
+
+/// The `n`-th of a test's plain messages: id `e-<n>`, an empty JSON object.
+fn numbered(n: u32) -> Envelope {
+    Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec())
 }
 
 fn envelope(event: &Credited) -> Envelope {
