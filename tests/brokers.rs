@@ -1322,6 +1322,7 @@ async fn assert_not_delivered_again<B: TestBroker>(broker: &B, what: &str) {
 }
 
 /// The `n`-th of a test's plain messages: id `e-<n>`, an empty JSON object.
+#[cfg(any(feature = "nats", feature = "amqp", feature = "redis"))]
 fn numbered(n: u32) -> Envelope {
     Envelope::new("test.credited", format!("e-{n}"), b"{}".to_vec())
 }
