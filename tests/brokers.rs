@@ -670,9 +670,9 @@ mod rabbitmq_broker {
     }
 
     /// A classic queue counts no deliveries (it says only "redelivered"), so the attempt it gives
-    /// stops at 2; the run counts its own hand-backs, and a delivery the database cannot take
-    /// comes back after 100 ms, 200 ms, 400 ms, 800 ms, 1.6 s: six times in 3 s, where a delay
-    /// stuck at 200 ms would bring it fifteen times.
+    /// stops at 2; the run counts its own hand-backs, and a delivery to reject that the database
+    /// cannot keep comes back after 100 ms, 200 ms, 400 ms, 800 ms, 1.6 s: six times in 3 s,
+    /// where a delay stuck at 200 ms would bring it fifteen times.
     #[tokio::test]
     async fn on_a_classic_queue_the_delays_of_a_handed_back_delivery_grow() {
         let Some(broker) = RabbitMq::new("amqp_classic").await else {
@@ -688,7 +688,7 @@ mod rabbitmq_broker {
                 .channel
                 .queue_declare(queue.as_str().into(), options, FieldTable::default());
         declared.await.expect("declare a classic queue");
-        let envelope = crate::envelope(&crate::Credited::new("e-1", "acct", 1, 5));
+        let envelope = inbox::Envelope::new("test.unknown", "m-1", b"{}".to_vec());
         let published = broker.publisher.publish(&queue, &envelope);
         published.await.expect("publish");
         let pool = crate::ledger("amqp_classic").await.expect("SQLite");

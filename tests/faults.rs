@@ -77,15 +77,20 @@ macro_rules! killed_connections_suite {
             killed
         }
 
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn connections_killed_mid_run_lose_nothing_and_apply_nothing_twice() {
-            let Some(pool) = ledger("killed_connections").await else {
+        /// Runs the handler `with` registers over two deliveries of each account's events while
+        /// the connections are killed: every event applies once, in order, none is skipped as
+        /// stale (an event handed back must not let its successor overtake it), and no attempt
+        /// is counted against the handler.
+        async fn connections_killed_mid_run(
+            test: &str,
+            with: impl FnOnce(inbox::InboxBuilder<$db>) -> inbox::InboxBuilder<$db>,
+        ) {
+            let Some(pool) = ledger(test).await else {
                 return;
             };
             let ids = Arc::new(Mutex::new(Vec::new()));
             let noted = noted_pool(&pool, Arc::clone(&ids)).await;
-            let inbox = $crate::common::builder(&noted, $batch)
-                .handler(credit_strict)
+            let inbox = with($crate::common::builder(&noted, $batch))
                 .workers(4)
                 .build()
                 .await
@@ -114,6 +119,9 @@ macro_rules! killed_connections_suite {
                 counted, 0,
                 "a lost connection is not the handler's failure: no attempt counted"
             );
+            let stale = "SELECT COUNT(*) FROM inbox_messages WHERE status = 'stale'";
+            let stale: i64 = sqlx::query_scalar(stale).fetch_one(&pool).await.unwrap();
+            assert_eq!(stale, 0, "none overtaken by a later event: {report:?}");
             assert_eq!(
                 count(&pool, "applied").await,
                 accounts * per_account,
@@ -133,6 +141,18 @@ macro_rules! killed_connections_suite {
                 );
                 assert_eq!(balance(&pool, &account).await, per_account);
             }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn connections_killed_mid_run_lose_nothing_and_apply_nothing_twice() {
+            let test = "killed_connections";
+            connections_killed_mid_run(test, |inbox| inbox.handler(credit_strict)).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn connections_killed_mid_run_let_no_event_overtake_another() {
+            let test = "killed_connections_monotonic";
+            connections_killed_mid_run(test, |inbox| inbox.handler(credit)).await;
         }
     };
 }
@@ -326,7 +346,13 @@ mod postgres_crash {
             .ok()
     }
 
-    async fn database_crash_mid_run(test: &str, batch: Option<inbox::Batch>) {
+    /// Crashes the server under a run of the handler `with` registers, and checks that every
+    /// event applied once, in order.
+    async fn database_crash_mid_run(
+        test: &str,
+        batch: Option<inbox::Batch>,
+        with: impl FnOnce(inbox::InboxBuilder<sqlx::Postgres>) -> inbox::InboxBuilder<sqlx::Postgres>,
+    ) {
         let Some(server) = OwnServer::start(test).await else {
             return;
         };
@@ -344,8 +370,7 @@ mod postgres_crash {
         }
         let (accounts, per_account) = (12, 40);
         let broker = crate::ledger_stream(accounts, per_account);
-        let inbox = crate::common::builder(&pool, batch)
-            .handler(credit_strict)
+        let inbox = with(crate::common::builder(&pool, batch))
             .workers(4)
             .build()
             .await
@@ -398,11 +423,27 @@ mod postgres_crash {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_database_crash_mid_run_loses_nothing_and_applies_nothing_twice() {
-        database_crash_mid_run("database_crash", None).await;
+        let strict = |inbox: inbox::InboxBuilder<_>| inbox.handler(credit_strict);
+        database_crash_mid_run("database_crash", None, strict).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_database_crash_mid_batch_loses_nothing_and_applies_nothing_twice() {
-        database_crash_mid_run("database_crash_batched", Some(inbox::Batch::new(16))).await;
+        let strict = |inbox: inbox::InboxBuilder<_>| inbox.handler(credit_strict);
+        let batch = Some(inbox::Batch::new(16));
+        database_crash_mid_run("database_crash_batched", batch, strict).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_crash_lets_no_event_overtake_another() {
+        let monotonic = |inbox: inbox::InboxBuilder<_>| inbox.handler(credit);
+        database_crash_mid_run("database_crash_monotonic", None, monotonic).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_crash_mid_batch_lets_no_event_overtake_another() {
+        let monotonic = |inbox: inbox::InboxBuilder<_>| inbox.handler(credit);
+        let batch = Some(inbox::Batch::new(16));
+        database_crash_mid_run("database_crash_monotonic_batched", batch, monotonic).await;
     }
 }

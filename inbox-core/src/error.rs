@@ -40,6 +40,20 @@ pub enum Error {
         error: HandlerError,
     },
 
+    /// The handler did not run the message: an earlier message of its aggregate, in the same
+    /// batch, ended before anything of it could be recorded (the database unreachable or
+    /// refusing writes), and this one waits to come after it. Nothing was recorded, no attempt
+    /// counted.
+    #[error(
+        "handler `{handler}` did not run the message: an earlier one of `{aggregate}` is to be tried again first"
+    )]
+    Behind {
+        /// The handler's name.
+        handler: &'static str,
+        /// The aggregate (or, for a handler without one, the message id).
+        aggregate: String,
+    },
+
     /// The message failed before and its next attempt is not due yet: nothing ran and no attempt
     /// was counted. The delivery can come back after `retry_after`; the runtime also retries the
     /// message from the store when it is due, whether or not the broker redelivers it.
@@ -140,7 +154,30 @@ impl Error {
                 ..
             }
             | Error::RetryNotDue { .. }
-            | Error::ConnectionLost { .. } => true,
+            | Error::ConnectionLost { .. }
+            | Error::Behind { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the database was out of reach: no connection to be had (refused, timed out, the
+    /// pool closed) or the connection lost under the transaction, or the message did not run at
+    /// all ([`Error::Behind`]). Such a failure says nothing about the message, so the runtime
+    /// keeps trying it however long the outage lasts, counting no try against it.
+    ///
+    /// ```
+    /// # use inbox_core as inbox;
+    /// use inbox::Error;
+    ///
+    /// assert!(Error::Database(sqlx::Error::PoolTimedOut).is_unreachable());
+    /// let answered = Error::Database(sqlx::Error::RowNotFound);
+    /// assert!(answered.is_transient() && !answered.is_unreachable());
+    /// ```
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_)) => true,
+            Error::Database(error) => connection_lost(error),
+            Error::ConnectionLost { .. } | Error::Behind { .. } => true,
             _ => false,
         }
     }

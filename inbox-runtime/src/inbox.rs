@@ -1,7 +1,7 @@
 //! The runtime: dispatch of one envelope, and the worker loop over a source.
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -39,6 +39,74 @@ impl<DB: Backend> Clone for Inbox<DB> {
 
 /// A job, with the envelope of the delivery it came from.
 pub(crate) type JobOf<'e, DB> = (Box<dyn Job<DB>>, &'e Envelope);
+
+/// Each job's result in a batch so far, and the keys (a handler with an aggregate, or with a
+/// message id) of the jobs that ended with nothing recorded: the batch's later jobs of those keys
+/// do not run (they end [`Error::Behind`]), so none overtakes an earlier message of its aggregate
+/// that is to be tried again.
+struct Results {
+    results: Vec<Option<Result<Handled, Error>>>,
+    unrecorded: HashSet<JobKey>,
+}
+
+/// What a job is serialized by: its handler, and its aggregate (or message id).
+type JobKey = (&'static str, String);
+
+impl Results {
+    fn new(jobs: usize) -> Self {
+        Self {
+            results: (0..jobs).map(|_| None).collect(),
+            unrecorded: HashSet::new(),
+        }
+    }
+
+    /// Sets the result of job `index`, of `key`.
+    fn set(&mut self, index: usize, key: JobKey, result: Result<Handled, Error>) {
+        if matches!(&result, Err(error) if unrecorded(error)) {
+            self.unrecorded.insert(key);
+        }
+        self.results[index] = Some(result);
+    }
+
+    /// Whether job `index` is behind a job of its key that ended with nothing recorded; if so,
+    /// its result says it did not run.
+    fn holds_back<DB: Backend>(&mut self, index: usize, (job, _): &JobOf<'_, DB>) -> bool {
+        let key = job_key(&**job);
+        if !self.unrecorded.contains(&key) {
+            return false;
+        }
+        let (handler, aggregate) = key;
+        self.results[index] = Some(Err(Error::Behind { handler, aggregate }));
+        true
+    }
+
+    /// `jobs` but those it [holds back](Results::holds_back).
+    fn hold_back<'e, DB: Backend>(
+        &mut self,
+        jobs: Vec<(usize, JobOf<'e, DB>)>,
+    ) -> Vec<(usize, JobOf<'e, DB>)> {
+        let mut jobs = jobs;
+        jobs.retain(|(index, job)| !self.holds_back(*index, job));
+        jobs
+    }
+
+    fn into_vec(self) -> Vec<Result<Handled, Error>> {
+        self.results.into_iter().flatten().collect()
+    }
+}
+
+fn job_key<DB: Backend>(job: &dyn Job<DB>) -> JobKey {
+    let serial = job.aggregate().unwrap_or(job.message_id());
+    (job.handler(), serial.to_owned())
+}
+
+/// Whether `error` ended a job before its failure could be recorded, for a reason that may pass
+/// (the database unreachable or refusing writes, the connection lost): nothing of it is kept, and
+/// it can only be tried again.
+pub(crate) fn unrecorded(error: &Error) -> bool {
+    let recorded = matches!(error, Error::Handler { .. } | Error::RetryNotDue { .. });
+    !recorded && error.is_transient()
+}
 
 /// What is left of a batch, in the order it is done: jobs to stage together, or the failure of
 /// one whose handler failed in a batch, to record.
@@ -582,6 +650,15 @@ impl<DB: Backend> Shared<DB> {
         self.registry.prepare(envelope)
     }
 
+    /// Decodes `envelope` again for the handler named `handler`, to try its job again.
+    pub(crate) fn prepare_for(
+        &self,
+        handler: &str,
+        envelope: &Envelope,
+    ) -> Result<Box<dyn Job<DB>>, Error> {
+        self.registry.named(handler)?.prepare(envelope)
+    }
+
     /// Where a worker begins its transactions (see [`guarding_connection`]).
     pub(crate) fn worker_connection(&self) -> Box<dyn Connect<DB>> {
         guarding_connection(&self.pool, self.workers)
@@ -600,22 +677,28 @@ impl<DB: Backend> Shared<DB> {
         jobs: Vec<JobOf<'_, DB>>,
         report: &mut RunReport,
     ) -> Vec<Result<Handled, Error>> {
-        let mut results: Vec<Option<Result<Handled, Error>>> = jobs.iter().map(|_| None).collect();
+        let mut results = Results::new(jobs.len());
         let mut steps = VecDeque::from([Step::Batch(jobs.into_iter().enumerate().collect())]);
         while let Some(step) = steps.pop_front() {
             match step {
+                Step::Failed(index, job, _) if results.holds_back(index, &job) => {}
                 Step::Failed(index, job, error) => {
+                    let key = job_key(&*job.0);
                     let concluded = self.conclude(connection, job, InBatch::Failed(error));
-                    results[index] = Some(concluded.await);
+                    results.set(index, key, concluded.await);
                 }
-                Step::Batch(jobs) if jobs.len() > 1 => {
-                    self.execute_staged(connection, jobs, &mut steps, &mut results, report)
-                        .await;
+                Step::Batch(jobs) => {
+                    let jobs = results.hold_back(jobs);
+                    if jobs.len() > 1 {
+                        self.execute_staged(connection, jobs, &mut steps, &mut results, report)
+                            .await;
+                    } else {
+                        self.execute_each(connection, jobs, &mut results).await;
+                    }
                 }
-                Step::Batch(jobs) => self.execute_each(connection, jobs, &mut results).await,
             }
         }
-        results.into_iter().flatten().collect()
+        results.into_vec()
     }
 
     /// Stages `jobs` in one batch: concludes them once it committed; when a handler failed,
@@ -626,14 +709,15 @@ impl<DB: Backend> Shared<DB> {
         connection: &mut dyn Connect<DB>,
         mut jobs: Vec<(usize, JobOf<'e, DB>)>,
         steps: &mut VecDeque<Step<'e, DB>>,
-        results: &mut [Option<Result<Handled, Error>>],
+        results: &mut Results,
         report: &mut RunReport,
     ) {
         match self.stage(connection, &mut jobs).await {
             Ok(staged) => {
                 for ((index, job), staged) in jobs.into_iter().zip(staged) {
+                    let key = job_key(&*job.0);
                     let concluded = self.conclude(connection, job, InBatch::Staged(staged));
-                    results[index] = Some(concluded.await);
+                    results.set(index, key, concluded.await);
                 }
             }
             Err((at, Abandoned::Failed(error))) => {
@@ -653,15 +737,21 @@ impl<DB: Backend> Shared<DB> {
         }
     }
 
-    /// Runs each of `jobs` in a transaction of its own.
+    /// Runs each of `jobs` in a transaction of its own, but for those behind a job of their key
+    /// that ended with nothing recorded.
     async fn execute_each(
         &self,
         connection: &mut dyn Connect<DB>,
         jobs: Vec<(usize, JobOf<'_, DB>)>,
-        results: &mut [Option<Result<Handled, Error>>],
+        results: &mut Results,
     ) {
-        for (index, (job, envelope)) in jobs {
-            results[index] = Some(self.execute(connection, job, envelope).await);
+        for (index, job) in jobs {
+            if results.holds_back(index, &job) {
+                continue;
+            }
+            let key = job_key(&*job.0);
+            let (job, envelope) = job;
+            results.set(index, key, self.execute(connection, job, envelope).await);
         }
     }
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 /// What serializes jobs: a handler, and what its messages are ordered by.
 pub(crate) type Key = (&'static str, Serial);
@@ -44,6 +44,8 @@ pub(crate) struct Scheduler<T> {
     /// Bounds the work pulled from the source and not yet settled.
     room: Arc<Semaphore>,
     capacity: usize,
+    /// Becomes `true` when the scheduler closes: the jobs put back with a delay are free at once.
+    closed: watch::Sender<bool>,
 }
 
 /// Each key's jobs in arrival order, and the free keys with a job waiting ordered by when that
@@ -88,10 +90,15 @@ struct Filling<'s, T> {
 }
 
 /// A taken job's key: busy until this is dropped (also when the worker unwinds), so the
-/// aggregate's next job waits for this one to end (unless the same batch took it too).
+/// aggregate's next job waits for this one to end (unless the same batch took it too), or until
+/// the job put back with [`Scheduler::put_back`] is due.
 pub(crate) struct Busy<'s, T> {
     scheduler: &'s Scheduler<T>,
     key: Key,
+    /// The job's arrival number, which it keeps when put back.
+    arrival: u64,
+    /// Whether a delayed put-back frees the key instead of the drop.
+    put_back: bool,
 }
 
 impl<T> Scheduler<T> {
@@ -112,6 +119,7 @@ impl<T> Scheduler<T> {
             changed: Notify::new(),
             room: Arc::new(Semaphore::new(capacity)),
             capacity,
+            closed: watch::Sender::new(false),
         }
     }
 
@@ -131,7 +139,35 @@ impl<T> Scheduler<T> {
     /// Says no more jobs will come: workers end once the waiting ones are done.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
+        self.closed.send_replace(true);
         self.changed.notify_waiters();
+    }
+
+    /// Whether [`Scheduler::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Puts a taken job back first among its key's waiting jobs, to be taken again once `delay`
+    /// has passed (at once when the scheduler closes); its key stays busy meanwhile, so none of
+    /// the key's later jobs overtakes it.
+    pub(crate) fn put_back(self: &Arc<Self>, mut busy: Busy<'_, T>, job: T, delay: Duration)
+    where
+        T: Send + 'static,
+    {
+        busy.put_back = true;
+        let key = busy.key.clone();
+        self.lock().put_back(&key, busy.arrival, job);
+        let scheduler = Arc::clone(self);
+        let mut closed = self.closed.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                _ = closed.wait_for(|closed| *closed) => {}
+            }
+            scheduler.lock().free(&key);
+            scheduler.changed.notify_waiters();
+        });
     }
 
     /// The oldest waiting job whose key is free, waiting for one; `None` once the scheduler is
@@ -143,14 +179,8 @@ impl<T> Scheduler<T> {
             changed.as_mut().enable();
             {
                 let mut state = self.lock();
-                if let Some((key, job)) = state.take_free() {
-                    return Some((
-                        job,
-                        Busy {
-                            scheduler: self,
-                            key,
-                        },
-                    ));
+                if let Some((key, arrival, job)) = state.take_free() {
+                    return Some((job, self.busy(key, arrival)));
                 }
                 if state.closed && state.waiting == 0 {
                     return None;
@@ -177,13 +207,7 @@ impl<T> Scheduler<T> {
             changed.as_mut().enable();
             let next = self.lock().take_ready(filling.batch);
             match next {
-                Some((key, job)) => taken.push((
-                    job,
-                    Busy {
-                        scheduler: self,
-                        key,
-                    },
-                )),
+                Some((key, arrival, job)) => taken.push((job, self.busy(key, arrival))),
                 None if linger.is_zero() || self.lock().closed => break,
                 None => {
                     if tokio::time::timeout_at(deadline, changed).await.is_err() {
@@ -193,6 +217,15 @@ impl<T> Scheduler<T> {
             }
         }
         taken
+    }
+
+    fn busy(&self, key: Key, arrival: u64) -> Busy<'_, T> {
+        Busy {
+            scheduler: self,
+            key,
+            arrival,
+            put_back: false,
+        }
     }
 
     /// Starts filling a batch that holds `key`.
@@ -253,25 +286,25 @@ impl<T> State<T> {
     /// Removes the oldest waiting job whose key is free and marks the key busy. A job never
     /// overtakes an earlier one of its key: only a key's first waiting job can be taken, and
     /// only while the key is free.
-    fn take_free(&mut self) -> Option<(Key, T)> {
+    fn take_free(&mut self) -> Option<(Key, u64, T)> {
         let (_, key) = self.ready.pop_first()?;
-        let job = self.take_first_of(&key)?;
-        Some((key, job))
+        let (arrival, job) = self.take_first_of(&key)?;
+        Some((key, arrival, job))
     }
 
     /// Removes, for `batch`, the oldest job waiting behind a key the batch holds (busy with its
     /// earlier jobs), or else the oldest job of a free key, which the batch holds from then on.
     /// Taking an aggregate's later jobs first fills a batch with fewer aggregates, and leaves
     /// more of them to the other workers.
-    fn take_ready(&mut self, batch: u64) -> Option<(Key, T)> {
+    fn take_ready(&mut self, batch: u64) -> Option<(Key, u64, T)> {
         let held = self.filling.get_mut(&batch)?;
         let key = match held.behind.pop_first() {
             Some((_, key)) => key,
             None => self.ready.pop_first()?.1,
         };
-        let job = self.take_first_of(&key)?;
+        let (arrival, job) = self.take_first_of(&key)?;
         self.hold(batch, &key);
-        Some((key, job))
+        Some((key, arrival, job))
     }
 
     /// Marks `key` as held by `batch`, its next waiting job (if any) one the batch may take.
@@ -301,12 +334,27 @@ impl<T> State<T> {
     }
 
     /// Removes `key`'s first waiting job, counting it as being handled.
-    fn take_first_of(&mut self, key: &Key) -> Option<T> {
+    fn take_first_of(&mut self, key: &Key) -> Option<(u64, T)> {
         let queue = self.keys.get_mut(key)?;
-        let (_, job) = queue.jobs.pop_front()?;
+        let taken = queue.jobs.pop_front()?;
         queue.busy += 1;
         self.waiting -= 1;
-        Some(job)
+        Some(taken)
+    }
+
+    /// Queues a job that `key`'s busy worker took back in its place by `arrival`, ahead of the
+    /// key's later jobs; the key stays busy until [`State::free`].
+    fn put_back(&mut self, key: &Key, arrival: u64, job: T) {
+        let queue = self.keys.entry(key.clone()).or_insert_with(|| KeyQueue {
+            jobs: VecDeque::new(),
+            busy: 1,
+            filling: None,
+        });
+        let at = queue
+            .jobs
+            .partition_point(|(earlier, _)| *earlier < arrival);
+        queue.jobs.insert(at, (arrival, job));
+        self.waiting += 1;
     }
 
     /// Ends one of a key's jobs; once none is being handled, its next waiting job becomes ready,
@@ -338,6 +386,9 @@ impl<T> Drop for Filling<'_, T> {
 
 impl<T> Drop for Busy<'_, T> {
     fn drop(&mut self) {
+        if self.put_back {
+            return;
+        }
         self.scheduler.lock().free(&self.key);
         self.scheduler.changed.notify_waiters();
     }
@@ -421,6 +472,37 @@ mod tests {
         drop(batch);
         let next = scheduler.take_up_to(10, Duration::ZERO).await;
         assert_eq!(jobs(&next), vec![4]);
+    }
+
+    #[tokio::test]
+    async fn a_job_put_back_comes_first_once_due_and_its_key_waits_for_it() {
+        let scheduler = Arc::new(Scheduler::new(1, 16));
+        for (aggregate, job) in [("a", 1), ("a", 2), ("b", 3)] {
+            scheduler.push(key(aggregate), job);
+        }
+        let (first, busy) = scheduler.take().await.expect("a job");
+        scheduler.put_back(busy, first, Duration::from_secs(1));
+        scheduler.push(key("a"), 4);
+
+        let (other, busy_b) = scheduler.take().await.expect("b's job");
+        assert_eq!(other, 3, "a waits for the job put back");
+        drop(busy_b);
+        let early = tokio::time::timeout(Duration::from_millis(200), scheduler.take()).await;
+        assert!(early.is_err(), "not before its delay");
+        let again = scheduler.take_up_to(10, Duration::ZERO).await;
+        assert_eq!(jobs(&again), vec![1, 2, 4], "then first, in arrival order");
+    }
+
+    #[tokio::test]
+    async fn a_job_put_back_is_due_at_once_when_the_scheduler_closes() {
+        let scheduler = Arc::new(Scheduler::new(1, 16));
+        scheduler.push(key("a"), 1);
+        let (job, busy) = scheduler.take().await.expect("a job");
+        scheduler.put_back(busy, job, Duration::from_secs(3_600));
+        scheduler.close();
+        let again = tokio::time::timeout(Duration::from_secs(5), scheduler.take()).await;
+        assert_eq!(again.expect("due").map(|(job, _)| job), Some(1));
+        assert!(scheduler.take().await.is_none(), "then nothing waits");
     }
 
     #[tokio::test]

@@ -16,10 +16,10 @@ use inbox_core::{Backend, Envelope, Error, Outcome};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
+use crate::inbox::{RunError, RunReport, Shared, UnknownTypes, unrecorded};
 use crate::keep_alive::{Held, Keeper};
 use crate::route::{Handled, Job};
-use crate::schedule::{Scheduler, Serial};
+use crate::schedule::{Busy, Scheduler, Serial};
 use crate::source::{Acknowledge, Delivery, Source, SourceError};
 
 /// Jobs pulled per worker before the router waits: bounds the work pulled but not settled. In
@@ -31,23 +31,38 @@ const QUEUE_PER_WORKER: usize = 16;
 /// the message, so that a broker that redelivers at once cannot loop.
 const NOT_DUE_HANDBACKS: u32 = 10;
 
-/// How many times a delivery that could not be handled for a transient reason (the database
-/// unreachable or refusing writes) is handed back before it is kept as rejected, if the database
-/// then takes it.
+/// How many times a message that the database refused to take for a transient reason (read-only,
+/// a serialization conflict) is tried, in this run or delivered again, before it is kept as
+/// rejected, if the database then takes it. A try that could not reach the database
+/// ([`Error::is_unreachable`]) does not count: the run keeps trying that one for as long as the
+/// outage lasts.
 const UNHANDLED_LIMIT: u32 = 10;
 
-/// The handback delay after the first unhandled delivery, doubling with each delivery up to
+/// The delay after the first unhandled try, doubling with each try up to
 /// [`MAX_UNHANDLED_DELAY`].
 const FIRST_UNHANDLED_DELAY: Duration = Duration::from_millis(100);
 const MAX_UNHANDLED_DELAY: Duration = Duration::from_secs(60);
 
-/// What the last job of a delivery hands over to settle it.
-type Finished = (Vec<Result<Handled, Error>>, Box<dyn Acknowledge>);
+/// What the last job of a delivery hands over to settle it: the results, the means to settle,
+/// and the delivery's attempt, counting the tries of this run.
+type Finished = (Vec<Result<Handled, Error>>, Box<dyn Acknowledge>, u32);
 
-/// One handler's job for one delivery.
+/// One handler's job for one delivery, at its `attempt`: the delivery's, and one more for each
+/// time this run tried it again and the database refused it; `tries` counts every time, for the
+/// delay before the next.
 struct Work<DB: Backend> {
     job: Box<dyn Job<DB>>,
     pending: Arc<Pending>,
+    attempt: u32,
+    tries: u32,
+}
+
+/// A job handed to a batch: its handler's name, its delivery, its attempt and tries.
+struct Tried {
+    handler: &'static str,
+    pending: Arc<Pending>,
+    attempt: u32,
+    tries: u32,
 }
 
 /// A delivery whose jobs are spread over the workers: the last one to finish settles it.
@@ -64,6 +79,8 @@ struct Settling {
     results: Vec<Result<Handled, Error>>,
     acker: Option<Box<dyn Acknowledge>>,
     remaining: usize,
+    /// The highest attempt of its jobs.
+    attempt: u32,
 }
 
 pub(crate) async fn run<DB: Backend, S: Source>(
@@ -293,8 +310,16 @@ async fn route<DB: Backend, S: Source>(
                 None => Serial::Message(job.message_id().to_owned()),
             };
             let key = (job.handler(), serial);
-            let pending = Arc::clone(&pending);
-            scheduler.push(key, Work { job, pending });
+            let (pending, attempt) = (Arc::clone(&pending), pending.attempt);
+            scheduler.push(
+                key,
+                Work {
+                    job,
+                    pending,
+                    attempt,
+                    tries: attempt,
+                },
+            );
         }
     }
 }
@@ -316,7 +341,7 @@ async fn settle_unhandled(delivery: Delivery) {
 }
 
 /// Settles a delivery that cannot be handled at all (unknown type, undecodable payload, unusable
-/// id, oversized payload, or a transient failure that outlasted [`UNHANDLED_LIMIT`] deliveries):
+/// id, oversized payload, or a transient failure that outlasted [`UNHANDLED_LIMIT`] attempts):
 /// kept as rejected, with its bytes and the reason, then acknowledged; or, for an unknown type
 /// under [`UnknownTypes::Acknowledge`], acknowledged and counted. If it cannot be kept, it is
 /// handed back to the broker after a growing delay instead.
@@ -437,9 +462,10 @@ async fn handle_all<DB: Backend>(
             break;
         }
         let (work, busy): (Vec<_>, Vec<_>) = taken.into_iter().unzip();
-        let (jobs, pending): (Vec<_>, Vec<_>) =
-            work.into_iter().map(|w| (w.job, w.pending)).unzip();
-        let with_envelopes = jobs.into_iter().zip(pending.iter().map(|p| &p.envelope));
+        let (jobs, tried): (Vec<_>, Vec<_>) = work.into_iter().map(Work::tried).unzip();
+        let with_envelopes = jobs
+            .into_iter()
+            .zip(tried.iter().map(|t| &t.pending.envelope));
         let connection = match turn.as_deref_mut() {
             Some(writer) => &mut **writer,
             None => &mut *own,
@@ -447,14 +473,75 @@ async fn handle_all<DB: Backend>(
         let results = shared
             .execute_batch(connection, with_envelopes.collect(), &mut report)
             .await;
-        drop((turn, busy));
-        for (result, pending) in results.into_iter().zip(pending) {
-            if let Some((results, acker)) = pending.finish(result) {
-                settle_delivery(&shared, &pending, results, acker, &mut report).await;
+        drop(turn);
+        let mut finished = Vec::with_capacity(results.len());
+        for ((result, busy), tried) in results.into_iter().zip(busy).zip(tried) {
+            if let Some(done) = put_back_unhandled(&shared, &scheduler, busy, result, tried) {
+                finished.push(done);
+            }
+        }
+        for (result, tried) in finished {
+            if let Some((results, acker, attempt)) = tried.pending.finish(result, tried.attempt) {
+                let pending = &tried.pending;
+                settle_delivery(&shared, pending, results, acker, attempt, &mut report).await;
             }
         }
     }
     report
+}
+
+impl<DB: Backend> Work<DB> {
+    /// The job, and what is left to know of it once a batch has run it.
+    fn tried(self) -> (Box<dyn Job<DB>>, Tried) {
+        let tried = Tried {
+            handler: self.job.handler(),
+            pending: self.pending,
+            attempt: self.attempt,
+            tries: self.tries,
+        };
+        (self.job, tried)
+    }
+}
+
+/// Puts a job back in the scheduler when its transaction failed before anything of it was
+/// recorded (the database unreachable or refusing writes, the connection lost), to be tried
+/// again after a delay that grows with its tries: first among its aggregate's jobs, which wait
+/// for it. Handed back to the broker instead, it would let the next message of its aggregate
+/// apply first (and come back stale under monotonic ordering), and count a delivery with a broker
+/// that drops a message delivered too often.
+///
+/// Returns the result when it is final: the job's outcome or a recorded failure, one that no
+/// other try changes, the [`UNHANDLED_LIMIT`]-th attempt, or any try once the run is ending (the
+/// delivery then goes back to the broker).
+fn put_back_unhandled<DB: Backend>(
+    shared: &Shared<DB>,
+    scheduler: &Arc<Scheduler<Work<DB>>>,
+    busy: Busy<'_, Work<DB>>,
+    result: Result<Handled, Error>,
+    tried: Tried,
+) -> Option<(Result<Handled, Error>, Tried)> {
+    let Err(error) = &result else {
+        return Some((result, tried));
+    };
+    let limit_reached = tried.attempt >= UNHANDLED_LIMIT && !error.is_unreachable();
+    if !unrecorded(error) || limit_reached || scheduler.is_closed() {
+        return Some((result, tried));
+    }
+    let Ok(job) = shared.prepare_for(tried.handler, &tried.pending.envelope) else {
+        return Some((result, tried));
+    };
+    let delay = growing_delay(tried.tries);
+    if !matches!(error, Error::Behind { .. }) {
+        tracing::warn!(%error, attempt = tried.attempt, ?delay, "handling failed before the failure could be recorded; trying the message again");
+    }
+    let work = Work {
+        job,
+        pending: tried.pending,
+        attempt: tried.attempt + u32::from(!error.is_unreachable()),
+        tries: tried.tries.saturating_add(1),
+    };
+    scheduler.put_back(busy, work, delay);
+    None
 }
 
 impl Held for Pending {
@@ -477,6 +564,7 @@ impl Pending {
             results: Vec::new(),
             acker: Some(acker),
             remaining: jobs,
+            attempt,
         };
         Self {
             envelope,
@@ -486,25 +574,30 @@ impl Pending {
         }
     }
 
-    /// Adds one job's result; for the last one, returns them all and the means to settle.
-    fn finish(&self, result: Result<Handled, Error>) -> Option<Finished> {
+    /// Adds one job's result, at its `attempt`; for the last one, returns them all, the means to
+    /// settle, and the highest attempt.
+    fn finish(&self, result: Result<Handled, Error>, attempt: u32) -> Option<Finished> {
         let mut settling = self.settling.lock().unwrap_or_else(|e| e.into_inner());
         settling.results.push(result);
+        settling.attempt = settling.attempt.max(attempt);
         settling.remaining -= 1;
         if settling.remaining > 0 {
             return None;
         }
         let acker = settling.acker.take()?;
-        Some((std::mem::take(&mut settling.results), acker))
+        let results = std::mem::take(&mut settling.results);
+        Some((results, acker, settling.attempt))
     }
 }
 
-/// Settles a delivery once all its jobs ran: acknowledged, handed back, or kept as rejected.
+/// Settles a delivery once all its jobs ran (the last of them at `attempt`): acknowledged,
+/// handed back, or kept as rejected.
 async fn settle_delivery<DB: Backend>(
     shared: &Shared<DB>,
     pending: &Pending,
     results: Vec<Result<Handled, Error>>,
     acker: Box<dyn Acknowledge>,
+    attempt: u32,
     report: &mut RunReport,
 ) {
     if results
@@ -514,7 +607,7 @@ async fn settle_delivery<DB: Backend>(
         shared.record_lag(&pending.envelope);
     }
     let id = pending.envelope.id();
-    let settled = match settle(&results, pending.attempt, report) {
+    let settled = match settle(&results, attempt, report) {
         Settlement::Ack => {
             report.acked += 1;
             shared.hand_backs.settled(id);
@@ -537,7 +630,7 @@ async fn settle_delivery<DB: Backend>(
         Settlement::Reject(reason) => {
             let kept = store_rejected(shared, &pending.envelope, &reason, report).await;
             report.failed += u64::from(kept.is_err());
-            terminate_if_kept(shared, &pending.envelope, kept, acker, pending.attempt).await
+            terminate_if_kept(shared, &pending.envelope, kept, acker, attempt).await
         }
     };
     in_flight(&shared.consumer).decrement(1.0);
@@ -576,8 +669,9 @@ enum Settlement {
 ///   policy's attempt limit bounds these), or after the time left when it came before its retry
 ///   was due (acknowledged after [`NOT_DUE_HANDBACKS`] deliveries: the store retries it);
 /// - kept as rejected when a handler's error is about the message itself;
-/// - handed back after a delay that grows with `attempt` when the database failed transiently,
-///   and kept as rejected after [`UNHANDLED_LIMIT`] such deliveries.
+/// - handed back after a delay that grows with `attempt` when the database failed transiently
+///   (the run tried it again meanwhile, and is ending), and kept as rejected after
+///   [`UNHANDLED_LIMIT`] attempts the database refused.
 fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunReport) -> Settlement {
     let mut retry: Option<Duration> = None;
     let mut hand_back: Option<Duration> = None;
@@ -619,8 +713,8 @@ fn settle(results: &[Result<Handled, Error>], attempt: u32, report: &mut RunRepo
                 rejection.get_or_insert_with(|| error.to_string());
                 continue;
             }
-            Err(error) if attempt >= UNHANDLED_LIMIT => {
-                let reason = || format!("not handled after {attempt} deliveries: {error}");
+            Err(error) if attempt >= UNHANDLED_LIMIT && !error.is_unreachable() => {
+                let reason = || format!("not handled after {attempt} tries: {error}");
                 rejection.get_or_insert_with(reason);
                 continue;
             }
