@@ -34,6 +34,8 @@ pub struct Recorder {
     unavailable: bool,
     stall_after: Option<usize>,
     stalled: Arc<tokio::sync::Notify>,
+    /// How many publications it was asked for.
+    asked: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Recorder {
@@ -61,6 +63,8 @@ impl Sink for Recorder {
         envelope: &'a Envelope,
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
+            self.asked
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2_000))).await;
             if self.unavailable {
                 return Err(SinkError::unavailable("connection refused"));
@@ -325,6 +329,24 @@ macro_rules! outbox_suite {
             assert_eq!(types, ["test.poison", "test.receipt"], "retried, then its follower, in order");
         }
 
+        /// A broker that takes none of a batch makes the relay wait, longer each time, though
+        /// more messages are due: it does not go on at once through a backlog the broker is
+        /// refusing connections for (here each message is due again 1 ms after it failed).
+        #[tokio::test]
+        async fn a_relay_whose_broker_takes_nothing_backs_off() {
+            let Some(pool) = ledger("outbox_backs_off").await else { return };
+            write_messages(&pool, 30, 1).await;
+            let quick = RetryPolicy::new(5).backoff(Duration::from_millis(1), Duration::from_millis(1));
+            let down = Recorder { unavailable: true, ..Recorder::default() };
+            let relay = Relay::new(pool.clone(), down.clone()).retry(quick).batch_size(10);
+
+            relay.run(tokio::time::sleep(Duration::from_secs(1))).await;
+
+            let asked = down.asked.load(std::sync::atomic::Ordering::Relaxed);
+            // Batches after 0, 100, 300 and 700 ms: 40 publications; at once, thousands.
+            assert!((10..=60).contains(&asked), "asked {asked} times in 1 s");
+        }
+
         /// The relay's wake-ups (PostgreSQL's `LISTEN`) hold a connection of their own, not one of
         /// the pool the relay publishes from: a pool of one connection still publishes.
         #[tokio::test]
@@ -361,3 +383,28 @@ macro_rules! outbox_suite {
 }
 
 common::on_every_backend!(outbox_suite);
+
+/// A message published outside a transaction (on the pool) is counted in its aggregate and
+/// stored in one transaction: when it cannot be stored, its aggregate's count is as it was, so a
+/// later message's place is not one the relay could publish before an earlier writer's.
+#[tokio::test]
+async fn a_message_published_outside_a_transaction_is_counted_only_if_stored() {
+    use inbox::outbox::{self, Outgoing};
+
+    let pool = common::sqlite("outbox_outside_a_transaction")
+        .await
+        .expect("SQLite");
+    let refuse = "CREATE TRIGGER refuse BEFORE INSERT ON inbox_outbox \
+        WHEN NEW.message_type = 'test.refused' BEGIN SELECT RAISE(ABORT, 'refused'); END";
+    sqlx::query(refuse).execute(&pool).await.unwrap();
+
+    let refused = Outgoing::new("test.refused", b"{}".to_vec()).aggregate("acct-1");
+    let error = outbox::publish(&pool, refused).await.unwrap_err();
+    let stored = Outgoing::new("test.stored", b"{}".to_vec()).aggregate("acct-1");
+    outbox::publish(&pool, stored).await.unwrap();
+
+    assert!(error.to_string().contains("refused"), "{error}");
+    let messages = outbox::list(&pool, None, 10).await.unwrap();
+    let places: Vec<_> = messages.iter().map(|m| m.aggregate_sequence).collect();
+    assert_eq!(places, [Some(1)], "the refused message took no place");
+}

@@ -36,7 +36,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
-use sqlx::Acquire;
+use sqlx::{Acquire, Connection};
 
 use crate::envelope::Envelope;
 use crate::error::Error;
@@ -292,6 +292,10 @@ impl IntoOutgoing for &Envelope {
 /// commits or rolls back with the transaction's other writes; gives the id it is published
 /// under. A message of an aggregate holds the aggregate's outbox lock until the transaction
 /// ends, so that concurrent writers of one aggregate are published in the order they commit.
+///
+/// On a connection outside a transaction (a pool, a plain connection) the message is written in
+/// a transaction of its own: counted in its aggregate and stored at once, so no later message of
+/// the aggregate can be published before it is stored.
 pub fn publish<'c, A>(conn: A, message: impl IntoOutgoing) -> BoxFuture<'c, Result<String, Error>>
 where
     A: Acquire<'c, Database: Backend> + Send + 'c,
@@ -300,7 +304,13 @@ where
     Box::pin(async move {
         let outgoing = outgoing?;
         let mut conn = conn.acquire().await?;
-        write::<A::Database>(&mut conn, &outgoing).await
+        if conn.is_in_transaction() {
+            return write::<A::Database>(&mut conn, &outgoing).await;
+        }
+        let mut tx = A::Database::begin_on(&mut conn).await?;
+        let id = write::<A::Database>(&mut tx, &outgoing).await?;
+        tx.commit().await?;
+        Ok(id)
     })
 }
 

@@ -247,7 +247,22 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         let mut failures = 0_u32;
         let mut housekeeping = Housekeeping::default();
         loop {
+            // What woke the relay before this claim is in it: its rows were committed before
+            // their notifications were sent.
+            drain(&mut wakeups);
             let wait = match self.publish_batch().await {
+                Ok(batch) if batch.published == 0 && batch.failed > 0 => {
+                    // The broker took none: asking it again at once, for the next rows due, would
+                    // keep hammering it for as long as the backlog lasts.
+                    failures = failures.saturating_add(1);
+                    report.failed += batch.failed as u64;
+                    tracing::warn!(
+                        failures,
+                        failed = batch.failed,
+                        "the broker took none of a batch"
+                    );
+                    backoff(failures)
+                }
                 Ok(batch) => {
                     failures = 0;
                     report.published += batch.published as u64;
@@ -315,6 +330,28 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         };
         let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         Some(now_ms().saturating_add(delay))
+    }
+}
+
+/// The most wakeups [`drain`] takes at once.
+const DRAINED_AT_MOST: usize = 10_000;
+
+/// Takes the wakeups already received (the relay is about to claim what they announce), so a
+/// busy stretch, when the relay does not wait for them, leaves no backlog of them behind to make
+/// it claim again and again for nothing.
+fn drain(wakeups: &mut Option<BoxStream<'static, ()>>) {
+    let Some(stream) = wakeups else {
+        return;
+    };
+    for _ in 0..DRAINED_AT_MOST {
+        match stream.next().now_or_never() {
+            Some(Some(())) => {}
+            Some(None) => {
+                *wakeups = None;
+                return;
+            }
+            None => return,
+        }
     }
 }
 
