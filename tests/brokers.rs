@@ -716,6 +716,47 @@ mod rabbitmq_broker {
         assert_eq!(report.acked, 0, "{report:?}");
     }
 
+    /// A consumer the server cancelled (its queue deleted under it) is started again on a new
+    /// channel once the queue is back: the source says it was cancelled, then delivers what the
+    /// new queue holds, instead of waiting for ever on a consumer that has ended.
+    #[tokio::test]
+    async fn a_consumer_the_server_cancelled_consumes_again() {
+        use inbox::Source;
+
+        let Some(broker) = RabbitMq::new("amqp_cancelled").await else {
+            return;
+        };
+        let mut source = broker.source().await;
+        let queue = broker.queue.as_str();
+        let deleted = broker
+            .channel
+            .queue_delete(queue.into(), Default::default());
+        deleted.await.expect("delete the queue");
+
+        let cancelled = tokio::time::timeout(Duration::from_secs(10), source.next()).await;
+        let declared =
+            broker
+                .channel
+                .queue_declare(queue.into(), Default::default(), FieldTable::default());
+        declared.await.expect("declare the queue again");
+        let envelope = crate::envelope(&crate::Credited::new("e-1", "acct", 1, 5));
+        broker.publish(&envelope).await.expect("publish");
+        let delivered = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                match source.next().await {
+                    Ok(Some(delivery)) => return delivery,
+                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        });
+        let delivered = delivered
+            .await
+            .expect("delivered from the queue declared again");
+
+        assert!(matches!(cancelled, Ok(Err(_))), "told of the cancellation");
+        assert_eq!(delivered.envelope().id(), envelope.id());
+    }
+
     /// A `timestamp` property no clock can hold (any `u64` is allowed on the wire) is no time of
     /// publication: the message is delivered without one, and a sound timestamp is kept.
     #[tokio::test]

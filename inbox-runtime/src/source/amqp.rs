@@ -21,7 +21,10 @@
 //! - **Reconnect**: on a connection made with [`recovering`] properties (lapin's recovery, trying
 //!   again at most every 2 s for as long as the server is away) the consumer resumes after the
 //!   connection comes back; errors meanwhile go to the run, which asks again after a growing delay.
-//!   What was unacknowledged when the connection dropped is requeued by the broker.
+//!   What was unacknowledged when the connection dropped is requeued by the broker. A consumer
+//!   the server cancelled (its queue deleted) or whose channel it closed while the connection
+//!   stayed up (lapin reopens channels only with a lost connection) is started again on a new
+//!   channel, each time the run asks, until the queue takes it.
 //! - **Mapping**: type tag and id from the [`HeaderNames`] headers, else the `type` and
 //!   `message_id` properties; `produced_at` from the `timestamp` property (none for a timestamp
 //!   past what the clock can hold); the `correlation_id` property as the `correlation-id` header
@@ -71,7 +74,8 @@ const RECONNECT_AT_MOST_EVERY: Duration = Duration::from_secs(2);
 /// # async fn demo() -> Result<(), inbox::SourceError> {
 /// use inbox::amqp::{AmqpSource, lapin};
 ///
-/// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", inbox::amqp::recovering()).await?;
+/// let url = "amqp://127.0.0.1:5672/%2f";
+/// let connection = std::sync::Arc::new(lapin::Connection::connect(url, inbox::amqp::recovering()).await?);
 /// let source = AmqpSource::builder(&connection, "billing").build().await?;
 /// # Ok(()) }
 /// ```
@@ -86,67 +90,120 @@ pub fn recovering() -> lapin::ConnectionProperties {
         .enable_auto_recover()
 }
 
-/// A RabbitMQ queue, consumed with manual acks on a channel of its own.
+/// A RabbitMQ queue, consumed with manual acks on a channel of its own. It shares the
+/// connection (an `Arc`, as [`AmqpPublisher`] does), to open a new channel when the server
+/// closed its own.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), inbox::SourceError> {
+/// use std::sync::Arc;
 /// use inbox::amqp::{AmqpSource, lapin};
 ///
-/// let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", inbox::amqp::recovering()).await?;
+/// let url = "amqp://127.0.0.1:5672/%2f";
+/// let connection = Arc::new(lapin::Connection::connect(url, inbox::amqp::recovering()).await?);
 /// let source = AmqpSource::builder(&connection, "billing").prefetch(64).build().await?;
 /// # Ok(()) }
 /// ```
 pub struct AmqpSource {
+    connection: Arc<Connection>,
+    consume: Consume,
+    channel: Channel,
     consumer: Consumer,
+    /// Whether the server cancelled the consumer: its stream ends, and waits for ever after.
+    cancelled: bool,
     headers: HeaderNames,
 }
 
-/// Builds an [`AmqpSource`] on a queue that exists (its topology is the application's).
-pub struct AmqpSourceBuilder<'c> {
-    connection: &'c Connection,
+/// What the source consumes, and how: enough to start consuming again.
+struct Consume {
     queue: String,
     consumer_tag: String,
     prefetch: u16,
     options: BasicConsumeOptions,
     arguments: FieldTable,
+}
+
+/// Builds an [`AmqpSource`] on a queue that exists (its topology is the application's).
+pub struct AmqpSourceBuilder {
+    connection: Arc<Connection>,
+    consume: Consume,
     headers: HeaderNames,
 }
 
 impl AmqpSource {
     /// A source on `queue`, over `connection`.
-    pub fn builder<'c>(connection: &'c Connection, queue: &str) -> AmqpSourceBuilder<'c> {
-        AmqpSourceBuilder {
-            connection,
+    pub fn builder(connection: &Arc<Connection>, queue: &str) -> AmqpSourceBuilder {
+        let consume = Consume {
             queue: queue.to_owned(),
             consumer_tag: String::new(),
             prefetch: 64,
             options: BasicConsumeOptions::default(),
             arguments: FieldTable::default(),
+        };
+        AmqpSourceBuilder {
+            connection: Arc::clone(connection),
+            consume,
             headers: HeaderNames::default(),
         }
     }
+
+    /// Starts consuming on a new channel, when the server cancelled the consumer or closed its
+    /// channel for good while the connection is up (while it is down, lapin's recovery brings
+    /// the channel back with the connection). The old channel is closed, if it is still open.
+    async fn consume_again(&mut self) -> Result<(), SourceError> {
+        let stopped = self.cancelled || closed_for_good(self.channel.status());
+        if !stopped || !self.connection.status().connected() {
+            return Ok(());
+        }
+        tracing::info!(queue = %self.consume.queue, "the server stopped the consumer; consuming again on a new channel");
+        if self.channel.status().connected() {
+            let _ = self.channel.close(200, "consuming again".into()).await;
+        }
+        let (channel, consumer) = self.consume.start(&self.connection).await?;
+        (self.channel, self.consumer, self.cancelled) = (channel, consumer, false);
+        Ok(())
+    }
 }
 
-impl AmqpSourceBuilder<'_> {
+impl Consume {
+    /// Opens a channel on `connection` and consumes on it.
+    async fn start(&self, connection: &Connection) -> Result<(Channel, Consumer), SourceError> {
+        let channel = connection.create_channel().await?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                self.consumer_tag.as_str().into(),
+                self.options,
+                self.arguments.clone(),
+            )
+            .await?;
+        Ok((channel, consumer))
+    }
+}
+
+impl AmqpSourceBuilder {
     /// How many deliveries the broker sends ahead of their acks (`basic.qos`, 64 by default).
     pub fn prefetch(mut self, prefetch: u16) -> Self {
-        self.prefetch = prefetch.max(1);
+        self.consume.prefetch = prefetch.max(1);
         self
     }
 
     /// The consumer tag (by default the broker names the consumer).
     pub fn consumer_tag(mut self, tag: impl Into<String>) -> Self {
-        self.consumer_tag = tag.into();
+        self.consume.consumer_tag = tag.into();
         self
     }
 
     /// `basic.consume`'s options and arguments (`no_ack` is never set: the source acks itself).
     pub fn consume(mut self, options: BasicConsumeOptions, arguments: FieldTable) -> Self {
-        self.options = BasicConsumeOptions {
+        self.consume.options = BasicConsumeOptions {
             no_ack: false,
             ..options
         };
-        self.arguments = arguments;
+        self.consume.arguments = arguments;
         self
     }
 
@@ -158,20 +215,13 @@ impl AmqpSourceBuilder<'_> {
 
     /// Opens the source's channel and starts consuming.
     pub async fn build(self) -> Result<AmqpSource, SourceError> {
-        let channel = self.connection.create_channel().await?;
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await?;
-        let consumer = channel
-            .basic_consume(
-                self.queue.as_str().into(),
-                self.consumer_tag.as_str().into(),
-                self.options,
-                self.arguments,
-            )
-            .await?;
+        let (channel, consumer) = self.consume.start(&self.connection).await?;
         Ok(AmqpSource {
+            connection: self.connection,
+            consume: self.consume,
+            channel,
             consumer,
+            cancelled: false,
             headers: self.headers,
         })
     }
@@ -179,10 +229,14 @@ impl AmqpSourceBuilder<'_> {
 
 impl Source for AmqpSource {
     async fn next(&mut self) -> Result<Option<Delivery>, SourceError> {
+        self.consume_again().await?;
         match self.consumer.next().await {
             Some(Ok(delivery)) => Ok(Some(from_amqp(delivery, &self.headers))),
             Some(Err(error)) => Err(error.into()),
-            None => Err("the RabbitMQ consumer was cancelled".into()),
+            None => {
+                self.cancelled = true;
+                Err("the server cancelled the RabbitMQ consumer".into())
+            }
         }
     }
 
@@ -405,7 +459,7 @@ async fn confirming_channel(connection: &Connection) -> Result<Channel, lapin::E
 /// Whether a channel is closed and will not come back by itself: neither open, nor opening, nor
 /// waiting for its connection's recovery.
 fn closed_for_good(status: &ChannelStatus) -> bool {
-    !(status.connected() || status.initializing() || status.closing())
+    !(status.connected() || status.initializing() || status.closing() || status.reconnecting())
 }
 
 /// `value` as an AMQP short string, or, past the 255 bytes one holds, a refusal saying `what`
