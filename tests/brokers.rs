@@ -757,6 +757,26 @@ mod rabbitmq_broker {
         assert_eq!(delivered.envelope().id(), envelope.id());
     }
 
+    /// A message with no id of its own is given the same one at each delivery (its routing key
+    /// and a hash of its body), so the run's count of its hand-backs, kept by id, finds it again.
+    #[tokio::test]
+    async fn a_message_without_an_id_keeps_one_across_deliveries() {
+        let Some(broker) = RabbitMq::new("amqp_no_id").await else {
+            return;
+        };
+        let properties = BasicProperties::default().with_type("test.credited".into());
+        broker.publish_raw(b"{}", properties).await;
+        let mut source = broker.source().await;
+
+        let first = crate::first_delivery(&mut source).await;
+        let id = first.envelope().id().to_owned();
+        first.nack(Duration::ZERO).await.expect("hand it back");
+        let again = crate::first_delivery(&mut source).await;
+
+        assert_eq!(again.attempt(), 2, "the same message, delivered again");
+        assert_eq!(again.envelope().id(), id);
+    }
+
     /// A `timestamp` property no clock can hold (any `u64` is allowed on the wire) is no time of
     /// publication: the message is delivered without one, and a sound timestamp is kept.
     #[tokio::test]

@@ -276,6 +276,16 @@ fn count(value: &AMQPValue) -> Option<u64> {
     }
 }
 
+/// The id of a message that carries none: its routing key and a hash of its body, the same at
+/// each delivery (a delivery tag is not), so the run counts its hand-backs and their delays grow.
+fn fallback_id(delivery: &lapin::message::Delivery) -> String {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+
+    let mut body = DefaultHasher::new();
+    delivery.data.hash(&mut body);
+    format!("{}:{:016x}", delivery.routing_key, body.finish())
+}
+
 /// A RabbitMQ delivery as a delivery of the inbox.
 fn from_amqp(delivery: lapin::message::Delivery, names: &HeaderNames) -> Delivery {
     let properties = &delivery.properties;
@@ -286,7 +296,7 @@ fn from_amqp(delivery: lapin::message::Delivery, names: &HeaderNames) -> Deliver
     let message_type = header(&names.message_type).or_else(|| property(properties.kind()));
     let id = header(&names.message_id)
         .or_else(|| property(properties.message_id()))
-        .unwrap_or_else(|| format!("{}:{}", delivery.routing_key, delivery.delivery_tag));
+        .unwrap_or_else(|| fallback_id(&delivery));
     let attempt = match headers.get("x-delivery-count").and_then(count) {
         Some(earlier) => u32::try_from(earlier).unwrap_or(u32::MAX).saturating_add(1),
         None if delivery.redelivered => 2,
