@@ -757,6 +757,38 @@ mod rabbitmq_broker {
         assert_eq!(delivered.envelope().id(), envelope.id());
     }
 
+    /// A shutdown hands back what the consumer prefetched once each: the consumer is cancelled
+    /// first, so the server does not send a message straight back to be handed back again (a
+    /// quorum queue counts each delivery against its limit).
+    #[tokio::test]
+    async fn a_shutdown_hands_back_each_prefetched_message_once() {
+        use inbox::Source;
+
+        let Some(broker) = RabbitMq::new("amqp_drain_once").await else {
+            return;
+        };
+        for n in 0..3 {
+            let envelope = crate::envelope(&crate::Credited::new(format!("e-{n}"), "acct", n, 1));
+            broker.publish(&envelope).await.expect("publish");
+        }
+        let mut source = broker.source().await;
+        let first = crate::first_delivery(&mut source).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        source.drain().await;
+        first
+            .nack(Duration::ZERO)
+            .await
+            .expect("hand the first back");
+        let mut again = broker.source().await;
+        let mut attempts = Vec::new();
+        for _ in 0..3 {
+            attempts.push(crate::first_delivery(&mut again).await.attempt());
+        }
+
+        assert_eq!(attempts, [2, 2, 2], "each delivered once before");
+    }
+
     /// A message with no id of its own is given the same one at each delivery (its routing key
     /// and a hash of its body), so the run's count of its hand-backs, kept by id, finds it again.
     #[tokio::test]

@@ -43,8 +43,8 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use inbox_core::Envelope;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Acker, BasicProperties, Channel, ChannelStatus, Confirmation, Connection, Consumer};
@@ -240,7 +240,17 @@ impl Source for AmqpSource {
         }
     }
 
+    /// Cancels the consumer, then hands back what it prefetched: the server sends nothing more,
+    /// so a message handed back is not sent straight back to be handed back again (each time one
+    /// more delivery, which a quorum queue counts against its delivery limit).
     async fn drain(&mut self) {
+        let tag = self.consumer.tag();
+        let cancel = self
+            .channel
+            .basic_cancel(tag, BasicCancelOptions::default());
+        if let Err(error) = cancel.await {
+            tracing::warn!(%error, "could not cancel the consumer before handing back what it prefetched");
+        }
         while let Some(Some(Ok(delivery))) = self.consumer.next().now_or_never() {
             let requeue = BasicNackOptions {
                 requeue: true,
