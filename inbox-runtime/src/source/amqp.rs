@@ -5,9 +5,10 @@
 //! - **Nack with delay**: the delivery is held for the delay, then `basic.nack` with requeue.
 //!   Holding it needs no topology of the user's (a retry queue with a TTL and a dead-letter
 //!   exchange would); it keeps its prefetch slot meanwhile, and a crash during the delay requeues
-//!   it at once, which is only early. Only deliveries that could not be handled at all (the
-//!   database down) are handed back so: a failure the inbox recorded is acknowledged at once and
-//!   retried from the database, so that failing messages never hold the prefetch.
+//!   it at once, which is only early. Only deliveries that could not be handled at all are
+//!   handed back so (at shutdown; the run itself tries again a message the database could not
+//!   take): a failure the inbox recorded is acknowledged at once and retried from the database,
+//!   so that failing messages never hold the prefetch.
 //! - **A crash** (a delivery never settled): the channel closes with the process (or when the
 //!   source is dropped), and RabbitMQ requeues what it had not acknowledged.
 //! - **Long handlers** need nothing: RabbitMQ takes nothing back from a live channel (mind the
