@@ -39,12 +39,22 @@ pub fn backend_of(url: &str) -> Result<BackendKind, CliError> {
     if url.starts_with("mysql://") || url.starts_with("mariadb://") {
         return mysql_kind();
     }
-    // Only the scheme is named in the error: the rest may hold a password.
+    // Only the scheme is named in the error: the rest may hold a password. What comes before
+    // the first `:` of a text that is no URL (`host=db password=s3:cr3t`) is no scheme.
     let scheme = match url.split_once(':') {
-        Some((scheme, _)) if !scheme.is_empty() => scheme,
+        Some((scheme, _)) if is_scheme(scheme) => scheme,
         _ => "(none)",
     };
     Err(CliError::UnsupportedScheme(scheme.to_owned()))
+}
+
+/// Whether `text` has the form of a URL's scheme: a letter, then letters, digits, `+`, `-`, `.`.
+fn is_scheme(text: &str) -> bool {
+    let mut characters = text.chars();
+    characters
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic())
+        && characters.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// MySQL, if this build has it.
@@ -172,5 +182,8 @@ mod tests {
         assert!(!error.to_string().contains("secret"), "{error}");
         let error = backend_of("inbox.db").unwrap_err();
         assert!(matches!(&error, CliError::UnsupportedScheme(scheme) if scheme == "(none)"));
+        let error = backend_of("host=db user=app password=s3:cr3t").unwrap_err();
+        assert!(matches!(&error, CliError::UnsupportedScheme(scheme) if scheme == "(none)"));
+        assert!(!error.to_string().contains("s3"), "{error}");
     }
 }

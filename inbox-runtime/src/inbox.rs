@@ -71,6 +71,9 @@ impl Results {
     /// Whether job `index` is behind a job of its key that ended with nothing recorded; if so,
     /// its result says it did not run.
     fn holds_back<DB: Backend>(&mut self, index: usize, (job, _): &JobOf<'_, DB>) -> bool {
+        if self.unrecorded.is_empty() {
+            return false;
+        }
         let key = job_key(&**job);
         if !self.unrecorded.contains(&key) {
             return false;

@@ -657,6 +657,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0008_actions.sql"),
             include_str!("../../migrations/postgres/0009_conflicts.sql"),
             include_str!("../../migrations/postgres/0010_retention.sql"),
+            include_str!("../../migrations/postgres/0011_rejected_open.sql"),
         )
     }
 }
