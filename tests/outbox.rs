@@ -131,6 +131,16 @@ macro_rules! outbox_suite {
             write_more(pool, aggregates, 1..=count).await
         }
 
+        /// Writes, in one transaction, a message the tests refuse (`test.poison`, of `acct-1`),
+        /// then receipt `number` of `account`.
+        async fn write_poison_then(pool: &Pool, account: &str, number: i64) {
+            let mut tx = pool.begin().await.unwrap();
+            outbox::publish(&mut *tx, Outgoing::new("test.poison", b"{}".to_vec()).aggregate("acct-1")).await.unwrap();
+            let receipt = Receipt { receipt_id: format!("r-{number}"), account: account.into(), number };
+            outbox::publish(&mut *tx, &receipt).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+
         /// Writes the messages `numbers` of each of `aggregates`, like [`write_messages`].
         async fn write_more(pool: &Pool, aggregates: usize, numbers: std::ops::RangeInclusive<i64>) {
             for number in numbers {
@@ -292,11 +302,7 @@ macro_rules! outbox_suite {
         #[tokio::test]
         async fn a_refused_message_is_kept_with_its_error_and_holds_back_its_aggregate_until_retried() {
             let Some(pool) = ledger("outbox_refused").await else { return };
-            let mut tx = pool.begin().await.unwrap();
-            outbox::publish(&mut *tx, Outgoing::new("test.poison", b"{}".to_vec()).aggregate("acct-1")).await.unwrap();
-            let follower = Receipt { receipt_id: "r-2".into(), account: "acct-1".into(), number: 2 };
-            outbox::publish(&mut *tx, &follower).await.unwrap();
-            tx.commit().await.unwrap();
+            write_poison_then(&pool, "acct-1", 2).await;
 
             let quick = RetryPolicy::new(2).backoff(Duration::from_millis(1), Duration::from_millis(1));
             let down = Recorder { unavailable: true, ..Recorder::default() };
@@ -311,6 +317,14 @@ macro_rules! outbox_suite {
 
             let refusing = Recorder { refuse: Some("test.poison"), ..Recorder::default() };
             let relay = Relay::new(pool.clone(), refusing.clone()).retry(quick);
+            relay.publish_batch().await.unwrap();
+            let refused_once = outbox::list(&pool, None, 10).await.unwrap();
+            let first = &refused_once[0];
+            assert_eq!(
+                (first.status, first.refusals, first.attempts),
+                (OutboxStatus::Pending, 1, waiting[0].attempts + 1),
+                "the outage's tries spend none of the budget of refusals (2): {refused_once:?}"
+            );
             for _ in 0..4 {
                 relay.publish_batch().await.unwrap();
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -345,6 +359,29 @@ macro_rules! outbox_suite {
             let asked = down.asked.load(std::sync::atomic::Ordering::Relaxed);
             // Batches after 0, 100, 300 and 700 ms: 40 publications; at once, thousands.
             assert!((10..=60).contains(&asked), "asked {asked} times in 1 s");
+        }
+
+        /// A route that panics on a message refuses that message: it is kept, failed, with the
+        /// reason, and the relay goes on publishing the others.
+        #[tokio::test]
+        async fn a_route_that_panics_refuses_its_message_and_the_relay_goes_on() {
+            let Some(pool) = ledger("outbox_route_panics").await else { return };
+            write_poison_then(&pool, "acct-2", 1).await;
+            let recorder = Recorder::default();
+            let relay = Relay::new(pool.clone(), recorder.clone())
+                .retry(RetryPolicy::new(1))
+                .route(|message| match message.message_type.as_str() {
+                    "test.poison" => panic!("no route for {}", message.message_type),
+                    other => format!("events.{other}"),
+                });
+
+            relay.publish_batch().await.unwrap();
+
+            let types: Vec<_> = recorder.published().iter().map(|e| e.message_type().to_owned()).collect();
+            assert_eq!(types, ["test.receipt"]);
+            let failed = outbox::list(&pool, Some(OutboxStatus::Failed), 10).await.unwrap();
+            assert_eq!(failed.len(), 1, "{failed:?}");
+            assert!(failed[0].last_error.as_deref().unwrap().contains("panicked"), "{failed:?}");
         }
 
         /// The relay's wake-ups (PostgreSQL's `LISTEN`) hold a connection of their own, not one of

@@ -15,7 +15,8 @@ Exit codes:
      consumers hold what the command names: pass --consumer)
   3  the inbox schema is missing: run `inbox migrate`
   4  not found (no such message, not dead, no gap to skip, not a failed outbox message)
-  5  aborted at the confirmation prompt";
+  5  aborted at the confirmation prompt
+  6  busy: another instance is purging, nothing was deleted (try again later)";
 
 /// Operate an inbox database: apply its schema, see what it holds, replay or discard dead
 /// letters and rejected deliveries, see conflicts, skip strict-ordering gaps, purge old dedup

@@ -16,6 +16,8 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 4;
     /// The operator declined the confirmation prompt; nothing was changed.
     pub const ABORTED: u8 = 5;
+    /// Another instance holds the purge lock: nothing was deleted; a later run can purge.
+    pub const BUSY: u8 = 6;
 }
 
 mod sentence;
@@ -183,6 +185,12 @@ pub enum CliError {
     )]
     WindowNeeded,
 
+    /// Another instance is purging the same inbox, so this purge did nothing.
+    #[error(
+        "another instance is purging this inbox right now: nothing was deleted; try again later"
+    )]
+    PurgeBusy,
+
     /// The operator answered no (or nothing) at the confirmation prompt.
     #[error("aborted: nothing was changed")]
     Aborted,
@@ -226,6 +234,7 @@ impl CliError {
             | Self::NoFailedOutboxMessage(_) => exit::NOT_FOUND,
             Self::Inbox(inbox_core::Error::NotDead { .. }) => exit::NOT_FOUND,
             Self::Aborted => exit::ABORTED,
+            Self::PurgeBusy => exit::BUSY,
             Self::NoSuchDatabaseFile(_)
             | Self::Connect { .. }
             | Self::Inbox(_)

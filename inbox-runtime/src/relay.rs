@@ -131,7 +131,8 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         }
     }
 
-    /// Where messages without a destination of their own go.
+    /// Where messages without a destination of their own go. A route that panics on a message
+    /// refuses it (see [`Relay::retry`]); the relay goes on with the others.
     ///
     /// ```
     /// # async fn demo(pool: sqlx::SqlitePool) {
@@ -181,9 +182,10 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         self
     }
 
-    /// When to try a failed publication again, and after how many attempts a refusal gives up on
-    /// it. A broker that cannot be reached never makes the relay give up: it gives up only when
-    /// the broker refuses the message and its attempts (of every kind) are spent.
+    /// When to try a failed publication again, and after how many refusals the relay gives up on
+    /// a message. A broker that cannot be reached never makes the relay give up, and those tries
+    /// spend none of the budget: the relay gives up only once the broker has refused the message
+    /// as many times as the policy allows attempts.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -226,7 +228,9 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
                 }
                 Err(error) => {
                     let due = self.due_after(message, &error);
-                    rows::mark_failed::<DB>(&mut tx, message.position, &error.to_string(), due)
+                    let refused = matches!(error, SinkError::Refused(_));
+                    let error = error.to_string();
+                    rows::mark_failed::<DB>(&mut tx, message.position, &error, refused, due)
                         .await?;
                     batch.failed += 1;
                 }
@@ -303,13 +307,17 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
     /// Publishes one message, waiting at most the publish timeout for its confirm.
     fn send<'a>(&'a self, message: &'a OutboxMessage) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
-            let destination = (self.route)(message);
-            let envelope = message.envelope();
-            let publish = AssertUnwindSafe(self.sink.publish(&destination, &envelope))
-                .catch_unwind()
-                .map(|result| {
-                    result.unwrap_or_else(|_| Err(SinkError::Refused("the sink panicked".into())))
-                });
+            // A route or a sink that panics refuses this message; the relay goes on with the others.
+            let publish = AssertUnwindSafe(async {
+                let destination = (self.route)(message);
+                self.sink.publish(&destination, &message.envelope()).await
+            })
+            .catch_unwind()
+            .map(|result| {
+                result.unwrap_or_else(|_| {
+                    Err(SinkError::Refused("its route or the sink panicked".into()))
+                })
+            });
             let timeout = self.publish_timeout.min(self.lease / 2);
             match tokio::time::timeout(timeout, publish).await {
                 Ok(result) => result,
@@ -321,12 +329,13 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
     }
 
     /// When to try `message` again after `error`: `None` to give up on it, once the broker has
-    /// refused it as many times as the retry policy allows attempts.
+    /// refused it as many times as the retry policy allows attempts. Tries that found the broker
+    /// out of reach lengthen the delay but spend none of that budget.
     fn due_after(&self, message: &OutboxMessage, error: &SinkError) -> Option<i64> {
-        let attempt = u32::try_from(message.attempts).unwrap_or(0) + 1;
+        let count = |tries: i32| u32::try_from(tries).unwrap_or(0).saturating_add(1);
         let delay = match error {
-            SinkError::Refused(_) => self.retry.delay_after(attempt)?,
-            SinkError::Unavailable(_) => self.retry.backoff_after(attempt),
+            SinkError::Refused(_) => self.retry.delay_after(count(message.refusals))?,
+            SinkError::Unavailable(_) => self.retry.backoff_after(count(message.attempts)),
         };
         let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         Some(now_ms().saturating_add(delay))

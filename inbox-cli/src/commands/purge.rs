@@ -37,5 +37,8 @@ pub async fn run<DB: Backend>(
     );
     prompt::confirm(&question, &args.confirm).await?;
     let report = inbox_core::purge(pool, &retention).await?;
+    if !report.led {
+        return Err(CliError::PurgeBusy);
+    }
     out.emit(&PurgeDone::new(older_than, report))
 }

@@ -28,6 +28,8 @@ struct OutboxSummary {
     aggregate_sequence: Option<i64>,
     status: &'static str,
     attempts: i32,
+    /// Those of its attempts the broker refused (the others found it out of reach).
+    refusals: i32,
     last_error: Option<String>,
     /// UTC.
     created_at: String,
@@ -45,6 +47,7 @@ impl From<OutboxMessage> for OutboxSummary {
             aggregate_sequence: message.aggregate_sequence,
             status: message.status.as_str(),
             attempts: message.attempts,
+            refusals: message.refusals,
             last_error: message.last_error,
             created_at: utc(message.created_at_ms),
             published_at: message.published_at_ms.map(utc),
@@ -173,6 +176,7 @@ mod tests {
             aggregate_sequence,
             status: "failed",
             attempts: 3,
+            refusals: 1,
             last_error: Some("refused\nby the broker".into()),
             created_at: utc(0),
             published_at: None,

@@ -121,8 +121,6 @@ pub struct PurgeDone {
     dry_run: bool,
     #[serde(flatten)]
     window: WindowView,
-    /// `false`: another instance was purging, and this one did nothing.
-    led: bool,
     /// Rows deleted.
     purged: u64,
     /// Batches of processed and stale rows run, each its own transaction.
@@ -141,7 +139,6 @@ impl PurgeDone {
         Self {
             dry_run: false,
             window: WindowView::new(Window::Given(window)),
-            led: report.led,
             purged: report.purged,
             batches: report.batches,
             resolved: report.resolved,
@@ -157,11 +154,6 @@ impl PurgeDone {
 
 impl Render for PurgeDone {
     fn human(&self) -> String {
-        if !self.led {
-            return "Another instance is purging this inbox right now: nothing was deleted; try \
-                    again later."
-                .to_owned();
-        }
         format!(
             "Purged {} processed or stale rows handled {}, in {} batches; {} rows resolved by an \
              operator before then (discarded dead letters, rejected deliveries and conflicts) and \

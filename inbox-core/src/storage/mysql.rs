@@ -381,8 +381,8 @@ const SQL: Statements = Statements {
         ),
         published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = ?, \
             attempts = attempts + 1, last_error = NULL WHERE position = ? AND status = 'pending'",
-        failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = ?, due_at_ms = ?, \
-            status = ? WHERE position = ? AND status = 'pending'",
+        failed: "UPDATE inbox_outbox SET attempts = attempts + 1, refusals = refusals + ?, \
+            last_error = ?, due_at_ms = ?, status = ? WHERE position = ? AND status = 'pending'",
         lease: "UPDATE inbox_outbox SET due_at_ms = ? WHERE position = ?",
         recheck: Some(
             "SELECT COUNT(*) FROM inbox_outbox WHERE aggregate_id = ? AND status <> 'published' \
@@ -392,10 +392,10 @@ const SQL: Statements = Statements {
             select_outbox!(),
             "WHERE status IN (?, ?) ORDER BY position LIMIT ?"
         ),
-        retry: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
-            WHERE id = ? AND status = 'failed'",
-        retry_all: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
-            WHERE status = 'failed'",
+        retry: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, refusals = 0, \
+            due_at_ms = 0 WHERE id = ? AND status = 'failed'",
+        retry_all: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, refusals = 0, \
+            due_at_ms = 0 WHERE status = 'failed'",
         backlog: "SELECT COUNT(CASE WHEN status = 'pending' THEN 1 END), \
             COUNT(CASE WHEN status = 'failed' THEN 1 END), MIN(created_at_ms) \
             FROM inbox_outbox WHERE status <> 'published'",
@@ -491,6 +491,7 @@ impl Backend for MySql {
             include_str!("../../migrations/mysql/0005_retention.sql"),
             include_str!("../../migrations/mysql/0006_no_pad.sql"),
             include_str!("../../migrations/mysql/0007_no_pad_on_mariadb.sql"),
+            include_str!("../../migrations/mysql/0008_outbox_refusals.sql"),
         )
     }
 }

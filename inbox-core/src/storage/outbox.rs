@@ -77,6 +77,9 @@ pub struct OutboxMessage {
     pub status: OutboxStatus,
     /// How many times the relay tried to publish it.
     pub attempts: i32,
+    /// How many of those tries the broker refused it (the others found the broker out of
+    /// reach); only refusals spend the relay's retry budget.
+    pub refusals: i32,
     /// The last publication's error, if it failed.
     pub last_error: Option<String>,
     /// When the relay may try it next, in Unix epoch milliseconds.
@@ -122,6 +125,7 @@ impl FromColumns for OutboxMessage {
             })?,
             status: named(row, 8, OutboxStatus::parse)?,
             attempts: row.int32(9)?,
+            refusals: row.int32(14)?,
             last_error: row.maybe_text(10)?,
             due_at_ms: row.int(11)?,
             created_at_ms: row.int(12)?,
@@ -232,13 +236,15 @@ pub async fn mark_published<DB: Backend>(
     Ok(())
 }
 
-/// Counts a failed publication of the message at `position`, with its `error`: it is tried
-/// again at `due_at_ms`, or, with `None`, the relay gives up on it ([`OutboxStatus::Failed`]);
-/// a message that another relay has published meanwhile stays published.
+/// Counts a failed publication of the message at `position`, with its `error` (and as a
+/// refusal if the broker `refused` it): it is tried again at `due_at_ms`, or, with `None`, the
+/// relay gives up on it ([`OutboxStatus::Failed`]); a message that another relay has published
+/// meanwhile stays published.
 pub async fn mark_failed<DB: Backend>(
     conn: &mut DB::Connection,
     position: i64,
     error: &str,
+    refused: bool,
     due_at_ms: Option<i64>,
 ) -> Result<(), sqlx::Error> {
     let status = match due_at_ms {
@@ -246,6 +252,7 @@ pub async fn mark_failed<DB: Backend>(
         None => OutboxStatus::Failed,
     };
     let params = [
+        Param::Int(i64::from(refused)),
         Param::Text(error),
         Param::Int(due_at_ms.unwrap_or(0)),
         Param::Text(status.as_str()),

@@ -23,7 +23,7 @@ macro_rules! select_outbox {
     () => {
         "SELECT position, id, message_type, destination, aggregate_id, aggregate_sequence, \
          payload, headers, status, attempts, last_error, due_at_ms, created_at_ms, \
-         published_at_ms FROM inbox_outbox "
+         published_at_ms, refusals FROM inbox_outbox "
     };
 }
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
@@ -539,18 +539,18 @@ pub(super) const SQL: Statements = Statements {
         ),
         published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = $1, \
             attempts = attempts + 1, last_error = NULL WHERE position = $2 AND status = 'pending'",
-        failed: "UPDATE inbox_outbox SET attempts = attempts + 1, last_error = $1, due_at_ms = $2, \
-            status = $3 WHERE position = $4 AND status = 'pending'",
+        failed: "UPDATE inbox_outbox SET attempts = attempts + 1, refusals = refusals + $1, \
+            last_error = $2, due_at_ms = $3, status = $4 WHERE position = $5 AND status = 'pending'",
         lease: "UPDATE inbox_outbox SET due_at_ms = $1 WHERE position = $2",
         recheck: None,
         list: concat!(
             select_outbox!(),
             "WHERE status IN ($1, $2) ORDER BY position LIMIT $3"
         ),
-        retry: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
-            WHERE id = $1 AND status = 'failed'",
-        retry_all: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, due_at_ms = 0 \
-            WHERE status = 'failed'",
+        retry: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, refusals = 0, \
+            due_at_ms = 0 WHERE id = $1 AND status = 'failed'",
+        retry_all: "UPDATE inbox_outbox SET status = 'pending', attempts = 0, refusals = 0, \
+            due_at_ms = 0 WHERE status = 'failed'",
         backlog: "SELECT COUNT(CASE WHEN status = 'pending' THEN 1 END), \
             COUNT(CASE WHEN status = 'failed' THEN 1 END), MIN(created_at_ms) \
             FROM inbox_outbox WHERE status <> 'published'",
@@ -658,6 +658,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0009_conflicts.sql"),
             include_str!("../../migrations/postgres/0010_retention.sql"),
             include_str!("../../migrations/postgres/0011_rejected_open.sql"),
+            include_str!("../../migrations/postgres/0012_outbox_refusals.sql"),
         )
     }
 }

@@ -9,7 +9,7 @@ use super::{Backend, MIGRATIONS_TABLE};
 /// Reads a column of every inbox table and finds no row: fails where a table or a column of the
 /// latest migrations is missing. The same text on every database.
 pub(super) const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text, m.attempt_count, m.resolution, \
-    s.last_sequence, r.reason, o.status, os.last_sequence, a.outcome, c.deliveries \
+    s.last_sequence, r.reason, o.refusals, os.last_sequence, a.outcome, c.deliveries \
     FROM inbox_messages m, inbox_streams s, inbox_rejected r, inbox_outbox o, inbox_outbox_streams os, \
     inbox_actions a, inbox_conflicts c WHERE 1 = 0";
 

@@ -229,6 +229,7 @@ impl Backend for Sqlite {
             include_str!("../../migrations/sqlite/0009_messages_rowid.sql"),
             include_str!("../../migrations/sqlite/0010_retention.sql"),
             include_str!("../../migrations/sqlite/0011_rejected_open.sql"),
+            include_str!("../../migrations/sqlite/0012_outbox_refusals.sql"),
         )
     }
 }
