@@ -669,6 +669,46 @@ mod rabbitmq_broker {
         }
     }
 
+    /// A queue that is full (`x-overflow: reject-publish`) makes RabbitMQ nack a publication:
+    /// the broker cannot take the message for now, so the publisher says it is unavailable
+    /// (tried again later, without end), not refused (given up on after the retry policy's
+    /// attempts).
+    #[tokio::test]
+    async fn a_message_a_full_queue_nacks_is_tried_again() {
+        let Some(broker) = RabbitMq::new("amqp_full").await else {
+            return;
+        };
+        let queue = format!("{}-full", broker.queue);
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let options = QueueDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        };
+        let declared = broker
+            .channel
+            .queue_declare(queue.as_str().into(), options, arguments);
+        declared.await.expect("declare a queue of one message");
+        let first = Envelope::new("test.credited", "m-1", b"{}".to_vec());
+        let second = Envelope::new("test.credited", "m-2", b"{}".to_vec());
+
+        broker
+            .publisher
+            .publish(&queue, &first)
+            .await
+            .expect("room for one");
+        let nacked = broker.publisher.publish(&queue, &second).await;
+
+        assert!(
+            matches!(nacked, Err(inbox::SinkError::Unavailable(_))),
+            "{nacked:?}"
+        );
+    }
+
     /// A classic queue counts no deliveries (it says only "redelivered"), so the attempt it gives
     /// stops at 2; the run counts its own hand-backs, and a delivery to reject that the database
     /// cannot keep comes back after 100 ms, 200 ms, 400 ms, 800 ms, 1.6 s: six times in 3 s,
@@ -1050,6 +1090,31 @@ mod redis_broker {
         let connection = &mut connection.await.expect("connect");
         let added: redis::RedisResult<String> = connection.xadd(&broker.stream, "*", fields).await;
         added.expect("XADD");
+    }
+
+    /// A server that may not take writes for now (`NOREPLICAS`: fewer replicas than
+    /// `min-replicas-to-write`; `MASTERDOWN` alike) makes a publication unavailable, tried again
+    /// later, not refused and given up on.
+    #[tokio::test]
+    async fn a_server_without_its_replicas_makes_a_publication_wait() {
+        let Some((broker, _server)) = RedisStreams::on_own_server("redis_no_replicas").await else {
+            return;
+        };
+        let connection = broker.client.get_multiplexed_async_connection();
+        let connection = &mut connection.await.expect("connect");
+        let set: redis::RedisResult<()> = redis::cmd("CONFIG")
+            .arg(&["SET", "min-replicas-to-write", "1"])
+            .query_async(connection)
+            .await;
+        set.expect("CONFIG SET");
+
+        let envelope = Envelope::new("test.credited", "m-1", b"{}".to_vec());
+        let published = broker.publish(&envelope).await;
+
+        assert!(
+            matches!(published, Err(inbox::SinkError::Unavailable(_))),
+            "{published:?}"
+        );
     }
 
     /// An entry with a field name or a type tag that is not UTF-8 costs no other entry of the

@@ -521,8 +521,11 @@ impl Sink for AmqpPublisher {
                 .await
                 .map_err(SinkError::unavailable)?;
             match confirm.await.map_err(SinkError::unavailable)? {
-                Confirmation::Nack(_) => Err(SinkError::Refused(format!(
-                    "the broker did not take message `{}`",
+                // RabbitMQ nacks what a queue could not take for now (full, with
+                // `x-overflow: reject-publish`, or an internal error): tried again later.
+                Confirmation::Nack(_) => Err(SinkError::unavailable(format!(
+                    "the broker did not take message `{}` for now (a full queue, or an error \
+                     of its own)",
                     envelope.id()
                 ))),
                 Confirmation::Ack(Some(_)) => Err(SinkError::Refused(format!(

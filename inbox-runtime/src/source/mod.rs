@@ -137,11 +137,12 @@ pub trait Sink: Send + Sync + 'static {
 /// Why a [`Sink`] did not publish a message.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    /// The broker refused this message (no stream or queue for its destination, a negative
-    /// confirm, a wrong type of key): publishing it again as it is will not help.
+    /// The broker refused this message (no stream or queue for its destination, a wrong type of
+    /// key): publishing it again as it is will not help.
     #[error("the broker refused the message: {0}")]
     Refused(String),
-    /// The broker could not be reached, or did not confirm: publishing it again may work.
+    /// The broker could not be reached, did not confirm, or could not take the message for now
+    /// (RabbitMQ's nack of a full queue): publishing it again may work.
     #[error("the broker did not confirm the message: {0}")]
     Unavailable(SourceError),
 }

@@ -565,7 +565,7 @@ impl Sink for RedisStreamPublisher {
 /// failed or timed out may pass on a later try.
 fn xadd_error(error: ::redis::RedisError) -> SinkError {
     // Answers that mean "not now" rather than "not this".
-    const TRANSIENT: [&str; 8] = [
+    const TRANSIENT: [&str; 10] = [
         "OOM",
         "LOADING",
         "READONLY",
@@ -574,6 +574,8 @@ fn xadd_error(error: ::redis::RedisError) -> SinkError {
         "MOVED",
         "ASK",
         "BUSY",
+        "MASTERDOWN",
+        "NOREPLICAS",
     ];
     let unreachable = error.is_io_error()
         || error.is_connection_dropped()
