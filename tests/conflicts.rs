@@ -23,16 +23,21 @@ macro_rules! conflicts_suite {
             payload["amount"].as_i64().expect("an amount")
         }
 
+        /// An inbox of `credit`, one message per transaction or batched, as the suite runs.
+        async fn credit_inbox(pool: &sqlx::Pool<$db>) -> inbox::Inbox<$db> {
+            $crate::common::builder(pool, $batch)
+                .handler(credit)
+                .build()
+                .await
+                .unwrap()
+        }
+
         #[tokio::test]
         async fn a_conflicting_delivery_is_kept_with_its_payload_and_never_applied() {
             let Some(pool) = ledger("conflict_kept").await else {
                 return;
             };
-            let inbox = $crate::common::builder(&pool, $batch)
-                .handler(credit)
-                .build()
-                .await
-                .unwrap();
+            let inbox = credit_inbox(&pool).await;
             let broker = MemoryBroker::new();
             let paid = Credited::new("e-1", "acct", 1, 30);
             let other = Credited::new("e-1", "acct", 1, 99);
@@ -65,6 +70,31 @@ macro_rules! conflicts_suite {
             let status = inbox::status(&pool).await.unwrap();
             let counted = ("default".to_owned(), "credit".to_owned(), 1);
             assert_eq!(status.conflicts, [counted]);
+        }
+
+        /// Two deliveries of one id whose payloads differ only in a number past 64 bits (which
+        /// parsed JSON holds only roughly) are two contents: the second is a conflict, not a
+        /// duplicate dropped unseen.
+        #[tokio::test]
+        async fn a_delivery_differing_only_in_a_number_past_64_bits_is_a_conflict() {
+            let Some(pool) = ledger("conflict_big_number").await else {
+                return;
+            };
+            let inbox = credit_inbox(&pool).await;
+            let broker = MemoryBroker::new();
+            for (delivery, reference) in [("d-1", "18446744073709551616"), ("d-2", "18446744073709551617")] {
+                let payload = format!(
+                    r#"{{"event_id":"e-1","account":"acct","sequence":1,"amount":30,"reference":{reference}}}"#
+                );
+                broker.publish(Envelope::new("test.credited", delivery, payload.into_bytes()));
+            }
+            broker.close();
+
+            let report = inbox.run(broker.source()).await.unwrap();
+
+            assert_eq!(report.handler_calls_with(Outcome::Processed), 1, "{report:?}");
+            assert_eq!(report.handler_calls_with(Outcome::Conflict), 1, "{report:?}");
+            assert_eq!(balance(&pool, "acct").await, 30);
         }
 
         #[tokio::test]

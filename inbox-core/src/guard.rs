@@ -377,12 +377,21 @@ fn now_ms() -> i64 {
 /// document encoded with its keys in another order (a `HashMap` field), is the same content. It is
 /// taken over what was delivered, never over a re-encoding of the decoded message: a field added
 /// with `#[serde(default)]` does not change the content of what was sent before the deploy.
-/// Bytes that are not JSON are hashed as they are.
+/// Bytes that are not JSON are hashed as they are. The numbers a parsed document does not hold
+/// exactly (an integer past 64 bits, a decimal with more digits than an `f64` keeps) are hashed
+/// too, as written, so that two documents differing only there are two contents, not a
+/// duplicate; a document without any is hashed as its canonical form alone.
 pub(crate) fn content_hash(payload: &[u8]) -> Vec<u8> {
-    match serde_json::from_slice::<serde_json::Value>(payload) {
-        Ok(document) => Sha256::digest(canonical_json(document)).to_vec(),
-        Err(_) => Sha256::digest(payload).to_vec(),
+    let Ok(document) = serde_json::from_slice::<serde_json::Value>(payload) else {
+        return Sha256::digest(payload).to_vec();
+    };
+    let mut hash = Sha256::new();
+    hash.update(canonical_json(document));
+    for literal in crate::numbers::inexact(payload) {
+        hash.update(b"\n");
+        hash.update(literal);
     }
+    hash.finalize().to_vec()
 }
 
 /// The bytes [`Process::process`](crate::Process::process) guards a message by, when it was not
@@ -1288,6 +1297,34 @@ mod tests {
             Err(Error::RetryNotDue { retry_after, .. }) => Some(retry_after),
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_document_of_exact_numbers_is_hashed_as_its_canonical_form() {
+        let delivered = br#"{"b": 1.50, "a": [1, 2, 18446744073709551615]}"#;
+        let canonical = br#"{"a":[1,2,18446744073709551615],"b":1.5}"#;
+        assert_eq!(content_hash(delivered), Sha256::digest(canonical).to_vec());
+    }
+
+    #[test]
+    fn documents_that_differ_only_in_a_number_a_value_cannot_hold_are_two_contents() {
+        let pairs: [(&[u8], &[u8]); 2] = [
+            (
+                br#"{"amount":18446744073709551616}"#,
+                br#"{"amount":18446744073709551617}"#,
+            ),
+            (br#"{"rate":0.1000000000000000001}"#, br#"{"rate":0.1}"#),
+        ];
+        for (one, other) in pairs {
+            assert_ne!(content_hash(one), content_hash(other));
+        }
+    }
+
+    #[test]
+    fn a_document_with_its_keys_in_another_order_is_the_same_content_whatever_its_numbers() {
+        let one = br#"{"a":18446744073709551616,"b":0.1000000000000000001}"#;
+        let other = br#"{"b":0.1000000000000000001, "a":18446744073709551616}"#;
+        assert_eq!(content_hash(one), content_hash(other));
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod handler;
 mod identity;
 mod keys;
 mod message;
+mod numbers;
 pub mod outbox;
 mod outcome;
 mod process;
