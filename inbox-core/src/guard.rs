@@ -385,9 +385,10 @@ pub(crate) fn content_hash(payload: &[u8]) -> Vec<u8> {
     let Ok(document) = serde_json::from_slice::<serde_json::Value>(payload) else {
         return Sha256::digest(payload).to_vec();
     };
+    let inexact = crate::numbers::inexact(&document, payload);
     let mut hash = Sha256::new();
     hash.update(canonical_json(document));
-    for literal in crate::numbers::inexact(payload) {
+    for literal in inexact {
         hash.update(b"\n");
         hash.update(literal);
     }

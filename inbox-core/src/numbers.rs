@@ -3,15 +3,30 @@
 //! differ only in such a number read as the same `Value`; the content hash tells them apart by
 //! these numbers' text ([`inexact`]).
 
-/// The number literals of `document` (valid JSON) that its `serde_json::Value` does not hold
-/// exactly, as written, sorted: the same whatever order the document's keys come in. Empty for
-/// almost every document.
-pub(crate) fn inexact(document: &[u8]) -> Vec<&[u8]> {
+use serde_json::Value;
+
+/// The number literals of `document` (valid JSON, parsed as `parsed`) that `parsed` does not
+/// hold exactly, as written, sorted: the same whatever order the document's keys come in. Such a
+/// number is always held as an `f64`, so a document parsed without one is not read again.
+pub(crate) fn inexact<'a>(parsed: &Value, document: &'a [u8]) -> Vec<&'a [u8]> {
+    if !holds_float(parsed) {
+        return Vec::new();
+    }
     let mut found: Vec<&[u8]> = literals(document)
         .filter(|literal| !is_exact(literal))
         .collect();
     found.sort_unstable();
     found
+}
+
+/// Whether `value` holds a number as an `f64`.
+fn holds_float(value: &Value) -> bool {
+    match value {
+        Value::Number(number) => number.is_f64(),
+        Value::Array(items) => items.iter().any(holds_float),
+        Value::Object(map) => map.values().any(holds_float),
+        _ => false,
+    }
 }
 
 /// Every number literal of `document` (valid JSON), in order: the runs of number characters
@@ -93,7 +108,8 @@ mod tests {
     use super::*;
 
     fn found(document: &str) -> Vec<&str> {
-        let found = inexact(document.as_bytes()).into_iter();
+        let parsed: Value = serde_json::from_str(document).unwrap();
+        let found = inexact(&parsed, document.as_bytes()).into_iter();
         found
             .map(|literal| std::str::from_utf8(literal).unwrap())
             .collect()
@@ -122,8 +138,7 @@ mod tests {
 
     #[test]
     fn digits_inside_strings_are_no_numbers() {
-        let document =
-            r#"{"id": "18446744073709551616", "quoted": "a \"99999999999999999999\" b"}"#;
+        let document = r#"{"id": "18446744073709551616", "quoted": "a \"99999999999999999999\" b", "rate": 1.5}"#;
         assert_eq!(found(document), Vec::<&str>::new());
     }
 
