@@ -384,6 +384,69 @@ macro_rules! outbox_suite {
             assert!(failed[0].last_error.as_deref().unwrap().contains("panicked"), "{failed:?}");
         }
 
+        /// Claims take due messages in the order they fell due: a message refused and due again
+        /// at once (a destination that keeps failing) waits behind those that fell due before it,
+        /// so it cannot keep the relay from the messages written after it.
+        #[tokio::test]
+        async fn a_message_that_keeps_failing_does_not_hold_back_the_messages_written_after_it() {
+            let Some(pool) = ledger("outbox_due_order").await else { return };
+            write_poison_then(&pool, "acct-2", 1).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let at_once = RetryPolicy::new(100).backoff(Duration::ZERO, Duration::ZERO);
+            let refusing = Recorder { refuse: Some("test.poison"), ..Recorder::default() };
+            let relay = Relay::new(pool.clone(), refusing.clone()).retry(at_once).batch_size(1);
+
+            for _ in 0..3 {
+                relay.publish_batch().await.unwrap();
+            }
+
+            let types: Vec<_> = refusing.published().iter().map(|e| e.message_type().to_owned()).collect();
+            assert_eq!(types, ["test.receipt"], "the message written after the refused one is published");
+        }
+
+        /// A relay whose lease ran out while it waited for the broker, and whose message another
+        /// relay claimed since, cannot mark a failure over that claim: the new lease stands, and
+        /// the refusal counts nothing. Its confirmed publication counts. A NUL in an error's text
+        /// is stored escaped (PostgreSQL's text refuses it; refused, it would undo the batch's
+        /// marks).
+        #[tokio::test]
+        async fn a_late_failure_leaves_another_relays_claim_alone_and_a_late_confirm_counts() {
+            use inbox::storage::outbox as rows;
+            let Some(pool) = ledger("outbox_late_marks").await else { return };
+            write_messages(&pool, 1, 1).await;
+            let now = 4_000_000_000_000_i64;
+            let claim = |at: i64| {
+                let pool = pool.clone();
+                async move {
+                    let mut tx = <$db as inbox::Backend>::begin(&pool).await.unwrap();
+                    let claimed = rows::claim::<$db>(&mut *tx, at, at + 10, 10).await.unwrap();
+                    tx.commit().await.unwrap();
+                    claimed
+                }
+            };
+            let first = claim(now).await;
+            let second = claim(now + 20).await;
+            assert_eq!((first.len(), second.len()), (1, 1), "claimed again once the lease ran out");
+
+            let mut tx = <$db as inbox::Backend>::begin(&pool).await.unwrap();
+            rows::mark_failed::<$db>(&mut *tx, &first[0], "late\0refusal", true, None).await.unwrap();
+            tx.commit().await.unwrap();
+            let kept = &outbox::list(&pool, None, 10).await.unwrap()[0];
+            assert_eq!(
+                (kept.status, kept.refusals, kept.due_at_ms),
+                (OutboxStatus::Pending, 0, now + 30),
+                "the second claim stands: {kept:?}"
+            );
+
+            let mut tx = <$db as inbox::Backend>::begin(&pool).await.unwrap();
+            rows::mark_failed::<$db>(&mut *tx, &second[0], "refused\0here", true, None).await.unwrap();
+            rows::mark_published::<$db>(&mut *tx, first[0].position, now + 40).await.unwrap();
+            tx.commit().await.unwrap();
+            let published = outbox::list(&pool, Some(OutboxStatus::Published), 10).await.unwrap();
+            assert_eq!(published.len(), 1, "the first relay's confirmed publication counts");
+            assert_eq!(published[0].last_error, None);
+        }
+
         /// The relay's wake-ups (PostgreSQL's `LISTEN`) hold a connection of their own, not one of
         /// the pool the relay publishes from: a pool of one connection still publishes.
         #[tokio::test]

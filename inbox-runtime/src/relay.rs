@@ -222,7 +222,7 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
                 Ok(()) => {
                     let now = now_ms();
                     rows::mark_published::<DB>(&mut tx, message.position, now).await?;
-                    let latency = (now - message.created_at_ms).max(0) as f64 / 1000.0;
+                    let latency = now.saturating_sub(message.created_at_ms).max(0) as f64 / 1000.0;
                     metrics::histogram!("inbox_outbox_publish_latency_seconds").record(latency);
                     batch.published += 1;
                 }
@@ -230,8 +230,7 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
                     let due = self.due_after(message, &error);
                     let refused = matches!(error, SinkError::Refused(_));
                     let error = error.to_string();
-                    rows::mark_failed::<DB>(&mut tx, message.position, &error, refused, due)
-                        .await?;
+                    rows::mark_failed::<DB>(&mut tx, message, &error, refused, due).await?;
                     batch.failed += 1;
                 }
             }

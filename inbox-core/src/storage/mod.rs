@@ -333,8 +333,8 @@ pub struct OutboxSql {
     pub advance: Returning,
     /// Writes a message ([`outbox::write`]).
     pub insert: &'static str,
-    /// Locks the due pending messages that are first of their aggregate, in the order they were
-    /// written, skipping those another relay holds ([`outbox::claim`]).
+    /// Locks the due pending messages that are first of their aggregate, in the order they fell
+    /// due, skipping those another relay holds ([`outbox::claim`]).
     pub claim: &'static str,
     /// Reserves a claimed message for its relay until a time ([`outbox::claim`]).
     pub lease: &'static str,
@@ -343,10 +343,10 @@ pub struct OutboxSql {
     /// read sees the latest rows, its subquery those at the statement's start); `None` where the
     /// claim reads one snapshot ([`outbox::claim`]).
     pub recheck: Option<&'static str>,
-    /// Marks a pending message published ([`outbox::mark_published`]).
+    /// Marks a message published unless it is already ([`outbox::mark_published`]).
     pub published: &'static str,
-    /// Counts a failed publication and says when to try again, or that the relay gave up
-    /// ([`outbox::mark_failed`]).
+    /// Counts a failed publication and says when to try again, or that the relay gave up,
+    /// while the claim it was made under still holds ([`outbox::mark_failed`]).
     pub failed: &'static str,
     /// Messages of two statuses, in the order they were written ([`outbox::list`]).
     pub list: &'static str,

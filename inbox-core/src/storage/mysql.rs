@@ -372,17 +372,18 @@ const SQL: Statements = Statements {
             read: "SELECT last_sequence FROM inbox_outbox_streams WHERE aggregate_id = ?",
         },
         insert: "INSERT INTO inbox_outbox (id, message_type, destination, aggregate_id, aggregate_sequence, \
-            payload, headers, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            payload, headers, created_at_ms, due_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         claim: concat!(
             select_outbox!(),
             "WHERE status = 'pending' AND due_at_ms <= ? AND ",
             first_of_aggregate!(),
-            " ORDER BY position LIMIT ? FOR UPDATE SKIP LOCKED"
+            " ORDER BY due_at_ms, position LIMIT ? FOR UPDATE SKIP LOCKED"
         ),
         published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = ?, \
-            attempts = attempts + 1, last_error = NULL WHERE position = ? AND status = 'pending'",
+            attempts = attempts + 1, last_error = NULL WHERE position = ? AND status <> 'published'",
         failed: "UPDATE inbox_outbox SET attempts = attempts + 1, refusals = refusals + ?, \
-            last_error = ?, due_at_ms = ?, status = ? WHERE position = ? AND status = 'pending'",
+            last_error = ?, due_at_ms = ?, status = ? \
+            WHERE position = ? AND status = 'pending' AND due_at_ms = ?",
         lease: "UPDATE inbox_outbox SET due_at_ms = ? WHERE position = ?",
         recheck: Some(
             "SELECT COUNT(*) FROM inbox_outbox WHERE aggregate_id = ? AND status <> 'published' \
@@ -492,6 +493,7 @@ impl Backend for MySql {
             include_str!("../../migrations/mysql/0006_no_pad.sql"),
             include_str!("../../migrations/mysql/0007_no_pad_on_mariadb.sql"),
             include_str!("../../migrations/mysql/0008_outbox_refusals.sql"),
+            include_str!("../../migrations/mysql/0009_outbox_due_order.sql"),
         )
     }
 }

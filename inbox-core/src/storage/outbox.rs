@@ -16,6 +16,7 @@ use super::sql::{self, Columns, FromColumns, Param, named};
 use super::{Backend, returning};
 use crate::envelope::Envelope;
 use crate::keys::{Headers, headers_to_json};
+use crate::text::storable_text;
 
 /// Where an outbox message is: waiting for the relay, published, or given up on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -178,15 +179,20 @@ pub async fn write<DB: Backend>(
         Param::Bytes(message.payload),
         Param::Text(&headers),
         Param::Int(message.now_ms),
+        // Due at once: claims take due messages in the order they fell due.
+        Param::Int(message.now_ms),
     ];
     sql::execute::<DB>(conn, statements.insert, &params).await?;
     Ok(sequence)
 }
 
 /// Claims up to `limit` pending messages due at `now_ms` that are each the first unpublished
-/// message of their aggregate (so no two share an aggregate), in the order they were written,
+/// message of their aggregate (so no two share an aggregate), in the order they fell due, then
+/// as written (a message tried again waits behind those due before it, so a destination that
+/// keeps failing does not hold back the messages written after its own),
 /// skipping those another relay is claiming; each is leased until `lease_until_ms` (due again
-/// only then), once `conn`'s transaction commits.
+/// only then, and so given with that as its [`due_at_ms`](OutboxMessage::due_at_ms), the lease
+/// [`mark_failed`] checks), once `conn`'s transaction commits.
 pub async fn claim<DB: Backend>(
     conn: &mut DB::Connection,
     now_ms: i64,
@@ -196,12 +202,13 @@ pub async fn claim<DB: Backend>(
     let params = [Param::Int(now_ms), Param::Int(i64::from(limit))];
     let found = sql::fetch_all::<DB, OutboxMessage>(conn, DB::SQL.outbox.claim, &params).await?;
     let mut claimed = Vec::with_capacity(found.len());
-    for message in found {
+    for mut message in found {
         if !first_of_aggregate::<DB>(conn, &message).await? {
             continue;
         }
         let params = [Param::Int(lease_until_ms), Param::Int(message.position)];
         sql::execute::<DB>(conn, DB::SQL.outbox.lease, &params).await?;
+        message.due_at_ms = lease_until_ms;
         claimed.push(message);
     }
     Ok(claimed)
@@ -225,7 +232,9 @@ async fn first_of_aggregate<DB: Backend>(
 }
 
 /// Marks the message at `position` published at `now_ms`, unless it is published already (by a
-/// relay that took it over when this one's lease ran out).
+/// relay that took it over when this one's lease ran out). A publication the broker confirmed
+/// counts even when the lease it was made under ran out meanwhile: the message is out, whatever
+/// another relay's try of it said since.
 pub async fn mark_published<DB: Backend>(
     conn: &mut DB::Connection,
     position: i64,
@@ -236,13 +245,15 @@ pub async fn mark_published<DB: Backend>(
     Ok(())
 }
 
-/// Counts a failed publication of the message at `position`, with its `error` (and as a
-/// refusal if the broker `refused` it): it is tried again at `due_at_ms`, or, with `None`, the
-/// relay gives up on it ([`OutboxStatus::Failed`]); a message that another relay has published
-/// meanwhile stays published.
+/// Counts a failed publication of `claimed` (a message as [`claim`] gave it), with its `error`
+/// (and as a refusal if the broker `refused` it): it is tried again at `due_at_ms`, or, with
+/// `None`, the relay gives up on it ([`OutboxStatus::Failed`]). Only while its claim holds: once
+/// the lease ran out and another relay claimed the message again, or published it, that relay's
+/// word stands, so a late failure neither cuts the new lease short nor gives up on a message
+/// being published. NUL characters in `error` are stored escaped ([`storable_text`]).
 pub async fn mark_failed<DB: Backend>(
     conn: &mut DB::Connection,
-    position: i64,
+    claimed: &OutboxMessage,
     error: &str,
     refused: bool,
     due_at_ms: Option<i64>,
@@ -251,12 +262,14 @@ pub async fn mark_failed<DB: Backend>(
         Some(_) => OutboxStatus::Pending,
         None => OutboxStatus::Failed,
     };
+    let error = storable_text(error);
     let params = [
         Param::Int(i64::from(refused)),
-        Param::Text(error),
+        Param::Text(&error),
         Param::Int(due_at_ms.unwrap_or(0)),
         Param::Text(status.as_str()),
-        Param::Int(position),
+        Param::Int(claimed.position),
+        Param::Int(claimed.due_at_ms),
     ];
     sql::execute::<DB>(conn, DB::SQL.outbox.failed, &params).await?;
     Ok(())

@@ -530,17 +530,18 @@ pub(super) const SQL: Statements = Statements {
              RETURNING last_sequence",
         ),
         insert: "INSERT INTO inbox_outbox (id, message_type, destination, aggregate_id, aggregate_sequence, \
-            payload, headers, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            payload, headers, created_at_ms, due_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         claim: concat!(
             select_outbox!(),
             "WHERE status = 'pending' AND due_at_ms <= $1 AND ",
             first_of_aggregate!(),
-            " ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED"
+            " ORDER BY due_at_ms, position LIMIT $2 FOR UPDATE SKIP LOCKED"
         ),
         published: "UPDATE inbox_outbox SET status = 'published', published_at_ms = $1, \
-            attempts = attempts + 1, last_error = NULL WHERE position = $2 AND status = 'pending'",
+            attempts = attempts + 1, last_error = NULL WHERE position = $2 AND status <> 'published'",
         failed: "UPDATE inbox_outbox SET attempts = attempts + 1, refusals = refusals + $1, \
-            last_error = $2, due_at_ms = $3, status = $4 WHERE position = $5 AND status = 'pending'",
+            last_error = $2, due_at_ms = $3, status = $4 \
+            WHERE position = $5 AND status = 'pending' AND due_at_ms = $6",
         lease: "UPDATE inbox_outbox SET due_at_ms = $1 WHERE position = $2",
         recheck: None,
         list: concat!(
@@ -659,6 +660,7 @@ impl Backend for Postgres {
             include_str!("../../migrations/postgres/0010_retention.sql"),
             include_str!("../../migrations/postgres/0011_rejected_open.sql"),
             include_str!("../../migrations/postgres/0012_outbox_refusals.sql"),
+            include_str!("../../migrations/postgres/0013_outbox_due_order.sql"),
         )
     }
 }

@@ -171,9 +171,9 @@ const SQL: Statements = Statements {
     outbox: OutboxSql {
         claim: concat!(
             select_outbox!(),
-            "INDEXED BY inbox_outbox_pending WHERE status = 'pending' AND due_at_ms <= $1 AND ",
+            "INDEXED BY inbox_outbox_due WHERE status = 'pending' AND due_at_ms <= $1 AND ",
             first_of_aggregate!(),
-            " ORDER BY position LIMIT $2"
+            " ORDER BY due_at_ms, position LIMIT $2"
         ),
         ..postgres::SQL.outbox
     },
@@ -230,6 +230,7 @@ impl Backend for Sqlite {
             include_str!("../../migrations/sqlite/0010_retention.sql"),
             include_str!("../../migrations/sqlite/0011_rejected_open.sql"),
             include_str!("../../migrations/sqlite/0012_outbox_refusals.sql"),
+            include_str!("../../migrations/sqlite/0013_outbox_due_order.sql"),
         )
     }
 }

@@ -1,0 +1,6 @@
+-- The relay claims due messages in the order they fell due (then as written), not only as
+-- written: a message tried again waits behind those that fell due before it, so the messages of
+-- a destination that cannot take them, tried again and again, do not keep the relay from
+-- messages written after them.
+ALTER TABLE inbox_outbox ADD KEY inbox_outbox_due (status, due_at_ms, position),
+    DROP KEY inbox_outbox_pending;
