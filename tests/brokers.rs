@@ -652,6 +652,38 @@ mod rabbitmq_broker {
         assert_eq!(envelope.correlation_id(), Some("c-7"), "{envelope:?}");
     }
 
+    /// A source whose connection is gone (one without recovery, closed) reports an error at each
+    /// call, for the runtime to back off and report, rather than waiting for ever on a consumer
+    /// that will yield nothing again.
+    #[tokio::test]
+    async fn a_source_whose_connection_is_gone_says_so_at_each_call() {
+        let Some(broker) = RabbitMq::new("amqp_gone").await else {
+            return;
+        };
+        let url = crate::common::amqp_url("amqp_gone").expect("its URL");
+        let plain = lapin::ConnectionProperties::default();
+        let connection = Arc::new(Connection::connect(&url, plain).await.expect("connect"));
+        let mut source = AmqpSource::builder(&connection, &broker.queue)
+            .build()
+            .await
+            .expect("build the source");
+
+        connection.close(200, "gone".into()).await.expect("close");
+
+        for call in 1..=3 {
+            let next =
+                tokio::time::timeout(Duration::from_secs(5), inbox::Source::next(&mut source));
+            let answer = next
+                .await
+                .unwrap_or_else(|_| panic!("call {call} waited for ever"));
+            assert!(
+                answer.is_err(),
+                "call {call}: {:?}",
+                answer.map(|d| d.is_some())
+            );
+        }
+    }
+
     /// A source that counts what it hands over.
     struct Counted {
         source: AmqpSource,

@@ -151,10 +151,17 @@ impl AmqpSource {
     /// Starts consuming on a new channel, when the server cancelled the consumer or closed its
     /// channel for good while the connection is up (while it is down, lapin's recovery brings
     /// the channel back with the connection). The old channel is closed, if it is still open.
+    /// While the consumer is stopped and the connection down, says so: a stopped consumer yields
+    /// nothing ever again, so waiting on it would silence the source for good (a connection
+    /// without recovery never comes back; one with it brings back no consumer the server
+    /// cancelled).
     async fn consume_again(&mut self) -> Result<(), SourceError> {
         let stopped = self.cancelled || closed_for_good(self.channel.status());
-        if !stopped || !self.connection.status().connected() {
+        if !stopped {
             return Ok(());
+        }
+        if !self.connection.status().connected() {
+            return Err("the RabbitMQ connection is down; consuming again once it is back".into());
         }
         tracing::info!(queue = %self.consume.queue, "the server stopped the consumer; consuming again on a new channel");
         if self.channel.status().connected() {
