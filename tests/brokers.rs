@@ -447,6 +447,25 @@ mod jetstream_broker {
             }
         }
     }
+
+    /// A header name NATS cannot carry (here with a space) is refused when the source is built,
+    /// naming it: reading it from each delivery would fail every one.
+    #[tokio::test]
+    async fn a_header_name_nats_cannot_carry_is_refused_when_the_source_is_built() {
+        let Some(broker) = JetStream::new("nats_header_names").await else {
+            return;
+        };
+        let names = inbox::HeaderNames {
+            message_type: "ce type".into(),
+            ..Default::default()
+        };
+        let builder = JetStreamSource::builder(&broker.context, &broker.stream, "named");
+
+        let built = builder.headers(names).build().await;
+
+        let error = built.err().expect("refused").to_string();
+        assert!(error.contains("ce type"), "{error}");
+    }
 }
 
 #[cfg(feature = "amqp")]

@@ -361,6 +361,25 @@ async fn a_consumer_wakes_when_a_message_is_enqueued_not_at_its_next_poll() {
     assert!(delivery.is_some(), "not woken by the enqueue");
 }
 
+/// A row a producer's own SQL wrote at `infinity` is handed out without a time: it neither
+/// fails the claim (its time in milliseconds is no number) nor stops the queue.
+#[tokio::test]
+async fn a_row_enqueued_at_infinity_is_delivered_without_a_time() {
+    let Some(pool) = ledger("queue_infinity").await else {
+        return;
+    };
+    let insert = "INSERT INTO inbox_queue (queue, message_id, message_type, payload, headers, \
+                  enqueued_at) VALUES ('billing', 'd-1', 'test.credited', $1, '{}', 'infinity')";
+    let written = sqlx::query(insert).bind(b"{}".to_vec()).execute(&pool);
+    written.await.unwrap();
+    let mut source = consumer(&pool, "billing", Duration::from_secs(30)).await;
+
+    let delivery = next_within(&mut source, Duration::from_secs(10)).await;
+
+    let envelope = delivery.expect("delivered").envelope().clone();
+    assert_eq!((envelope.id(), envelope.produced_at()), ("d-1", None));
+}
+
 #[tokio::test]
 async fn a_row_whose_headers_are_not_strings_is_kept_as_rejected() {
     let Some(pool) = ledger("queue_bad_headers").await else {

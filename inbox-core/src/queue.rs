@@ -86,7 +86,9 @@ const CLAIM: &str = "WITH due AS ( \
          claim_token = $4 \
      FROM due WHERE q.id = due.id \
      RETURNING q.id, q.message_type, q.message_id, q.payload, q.headers::text AS headers, \
-         (extract(epoch FROM q.enqueued_at) * 1000)::bigint AS enqueued_at_ms, q.deliveries";
+         CASE WHEN isfinite(q.enqueued_at) \
+             THEN (extract(epoch FROM q.enqueued_at) * 1000)::bigint END AS enqueued_at_ms, \
+         q.deliveries";
 
 const DELETE: &str = "DELETE FROM inbox_queue WHERE id = $1 AND claim_token = $2";
 
@@ -214,7 +216,8 @@ fn claimed(row: &sqlx::postgres::PgRow, queue: &str, token: &str) -> Result<Clai
     let payload: Vec<u8> = row.try_get("payload")?;
     let message_type: String = row.try_get("message_type")?;
     let message_id: String = row.try_get("message_id")?;
-    let enqueued_at_ms: i64 = row.try_get("enqueued_at_ms")?;
+    // None for a row a producer's own SQL wrote at `infinity`: no time, and no claim that fails.
+    let enqueued_at_ms: Option<i64> = row.try_get("enqueued_at_ms")?;
     let deliveries: i32 = row.try_get("deliveries")?;
     let headers: String = row.try_get("headers")?;
     let (headers, unreadable) = match serde_json::from_str::<BTreeMap<String, String>>(&headers) {
@@ -224,11 +227,11 @@ fn claimed(row: &sqlx::postgres::PgRow, queue: &str, token: &str) -> Result<Clai
             (BTreeMap::new(), Some(reason))
         }
     };
-    let produced_at =
-        UNIX_EPOCH + Duration::from_millis(u64::try_from(enqueued_at_ms).unwrap_or(0));
-    let mut envelope = Envelope::new(message_type, message_id, payload)
-        .with_produced_at(produced_at)
-        .with_receipt(receipt);
+    let mut envelope = Envelope::new(message_type, message_id, payload).with_receipt(receipt);
+    if let Some(ms) = enqueued_at_ms {
+        let produced_at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+        envelope = envelope.with_produced_at(produced_at);
+    }
     for (name, value) in headers {
         envelope = envelope.with_header(name, value);
     }

@@ -176,8 +176,14 @@ impl JetStreamSourceBuilder {
         self
     }
 
-    /// Finds or creates the consumer.
+    /// Finds or creates the consumer. Refuses [`headers`](Self::headers) NATS cannot carry (a
+    /// name with a space, a `:` or a control character), which no delivery could be read by.
     pub async fn build(self) -> Result<JetStreamSource, SourceError> {
+        for name in [&self.headers.message_type, &self.headers.message_id] {
+            if HeaderName::from_str(name).is_err() {
+                return Err(format!("NATS cannot carry a header named `{name:?}`").into());
+            }
+        }
         let stream = self.context.get_stream(&self.stream).await?;
         let name = self.config.durable_name.clone().unwrap_or_default();
         let config = self.config.clone();

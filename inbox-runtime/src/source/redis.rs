@@ -285,15 +285,21 @@ fn claimed_entries(reply: Value) -> Result<(String, Vec<RawEntry>), SourceError>
 }
 
 /// Entries as `[[id, [name, value, ...]], ...]`. An entry deleted from the stream while it was
-/// pending comes with no fields: it is not there to deliver.
+/// pending comes with no fields (Redis 7), or as a bare nil in `XAUTOCLAIM`'s answer (Redis 6.2):
+/// it is not there to deliver, and the entries around it are.
 fn entries_of(list: Value) -> Result<Vec<RawEntry>, SourceError> {
     let Value::Array(items) = list else {
         return Err(unexpected());
     };
     let mut entries = Vec::with_capacity(items.len());
     for item in items {
-        let Value::Array(parts) = item else {
-            return Err(unexpected());
+        let parts = match item {
+            Value::Array(parts) => parts,
+            Value::Nil => {
+                tracing::warn!("a pending entry was deleted");
+                continue;
+            }
+            _ => return Err(unexpected()),
         };
         let mut parts = parts.into_iter();
         let id = parts.next().and_then(text).ok_or_else(unexpected)?;
@@ -586,5 +592,37 @@ fn xadd_error(error: ::redis::RedisError) -> SinkError {
         SinkError::unavailable(error)
     } else {
         SinkError::Refused(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str, fields: &[&str]) -> Value {
+        let fields = fields
+            .iter()
+            .map(|f| Value::BulkString(f.as_bytes().to_vec()));
+        let id = Value::BulkString(id.as_bytes().to_vec());
+        Value::Array(vec![id, Value::Array(fields.collect())])
+    }
+
+    /// Redis 7 answers a deleted pending entry with its id and no fields; Redis 6.2's
+    /// `XAUTOCLAIM` with a nil in its place. Either way the entries around it are delivered.
+    #[test]
+    fn entries_deleted_while_pending_are_left_out_and_the_others_kept() {
+        let deleted_on_7 = Value::Array(vec![Value::BulkString(b"2-0".to_vec()), Value::Nil]);
+        let list = Value::Array(vec![
+            entry("1-0", &["type", "a"]),
+            deleted_on_7,
+            Value::Nil,
+            entry("4-0", &["type", "b"]),
+        ]);
+
+        let entries = entries_of(list).expect("the entries");
+
+        let ids: Vec<_> = entries.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["1-0", "4-0"]);
+        assert!(entries_of(Value::Array(vec![Value::Int(1)])).is_err());
     }
 }
