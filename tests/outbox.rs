@@ -447,6 +447,26 @@ macro_rules! outbox_suite {
             assert_eq!(published[0].last_error, None);
         }
 
+        /// A message whose stored headers do not decode (a hand edit of the table) is refused and
+        /// kept with the reason; it neither stops the claims nor the other messages.
+        #[tokio::test]
+        async fn a_message_whose_stored_headers_do_not_decode_is_refused_and_the_relay_goes_on() {
+            let Some(pool) = ledger("outbox_bad_headers").await else { return };
+            write_poison_then(&pool, "acct-2", 1).await;
+            let edit = "UPDATE inbox_outbox SET headers = 'not json' WHERE message_type = 'test.poison'";
+            sqlx::query(edit).execute(&pool).await.unwrap();
+            let recorder = Recorder::default();
+            let relay = Relay::new(pool.clone(), recorder.clone()).retry(RetryPolicy::new(1));
+
+            relay.publish_batch().await.unwrap();
+
+            let types: Vec<_> = recorder.published().iter().map(|e| e.message_type().to_owned()).collect();
+            assert_eq!(types, ["test.receipt"]);
+            let failed = outbox::list(&pool, Some(OutboxStatus::Failed), 10).await.unwrap();
+            assert_eq!(failed.len(), 1, "{failed:?}");
+            assert!(failed[0].last_error.as_deref().unwrap().contains("stored headers"), "{failed:?}");
+        }
+
         /// The relay's wake-ups (PostgreSQL's `LISTEN`) hold a connection of their own, not one of
         /// the pool the relay publishes from: a pool of one connection still publishes.
         #[tokio::test]

@@ -308,6 +308,9 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         Box::pin(async move {
             // A route or a sink that panics refuses this message; the relay goes on with the others.
             let publish = AssertUnwindSafe(async {
+                if let Some(reason) = &message.unreadable_headers {
+                    return Err(SinkError::Refused(reason.clone()));
+                }
                 let destination = (self.route)(message);
                 self.sink.publish(&destination, &message.envelope()).await
             })

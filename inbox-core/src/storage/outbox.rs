@@ -74,6 +74,10 @@ pub struct OutboxMessage {
     pub payload: Vec<u8>,
     /// Its headers.
     pub headers: Headers,
+    /// Why its stored headers could not be read, if they could not (a hand edit of the table):
+    /// [`headers`](Self::headers) is then empty, and the relay refuses the message rather than
+    /// publish it without them.
+    pub unreadable_headers: Option<String>,
     /// Where it is.
     pub status: OutboxStatus,
     /// How many times the relay tried to publish it.
@@ -111,7 +115,13 @@ impl OutboxMessage {
 
 impl FromColumns for OutboxMessage {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
-        let headers = row.text(7)?;
+        let (headers, unreadable_headers) = match serde_json::from_str(&row.text(7)?) {
+            Ok(headers) => (headers, None),
+            Err(error) => {
+                let reason = format!("its stored headers are not an object of strings: {error}");
+                (Headers::new(), Some(reason))
+            }
+        };
         Ok(Self {
             position: row.int(0)?,
             id: row.text(1)?,
@@ -120,10 +130,8 @@ impl FromColumns for OutboxMessage {
             aggregate_id: row.maybe_text(4)?,
             aggregate_sequence: row.maybe_int(5)?,
             payload: row.maybe_bytes(6)?.unwrap_or_default(),
-            headers: serde_json::from_str(&headers).map_err(|e| sqlx::Error::ColumnDecode {
-                index: "7".to_owned(),
-                source: Box::new(e),
-            })?,
+            headers,
+            unreadable_headers,
             status: named(row, 8, OutboxStatus::parse)?,
             attempts: row.int32(9)?,
             refusals: row.int32(14)?,
