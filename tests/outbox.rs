@@ -154,6 +154,16 @@ macro_rules! outbox_suite {
             }
         }
 
+        /// Asserts that of [`write_poison_then`]'s messages only the receipt was published, and
+        /// the poison message is kept failed with an error that says `reason`.
+        async fn poison_refused_alone(pool: &Pool, recorder: &Recorder, reason: &str) {
+            let types: Vec<_> = recorder.published().iter().map(|e| e.message_type().to_owned()).collect();
+            assert_eq!(types, ["test.receipt"]);
+            let failed = outbox::list(pool, Some(OutboxStatus::Failed), 10).await.unwrap();
+            assert_eq!(failed.len(), 1, "{failed:?}");
+            assert!(failed[0].last_error.as_deref().unwrap().contains(reason), "{failed:?}");
+        }
+
         async fn relay_all(relay: &Relay<$db, Recorder>) {
             for _ in 0..1_000 {
                 if relay.publish_batch().await.unwrap().claimed == 0 {
@@ -377,11 +387,7 @@ macro_rules! outbox_suite {
 
             relay.publish_batch().await.unwrap();
 
-            let types: Vec<_> = recorder.published().iter().map(|e| e.message_type().to_owned()).collect();
-            assert_eq!(types, ["test.receipt"]);
-            let failed = outbox::list(&pool, Some(OutboxStatus::Failed), 10).await.unwrap();
-            assert_eq!(failed.len(), 1, "{failed:?}");
-            assert!(failed[0].last_error.as_deref().unwrap().contains("panicked"), "{failed:?}");
+            poison_refused_alone(&pool, &recorder, "panicked").await;
         }
 
         /// Claims take due messages in the order they fell due: a message refused and due again
@@ -460,11 +466,7 @@ macro_rules! outbox_suite {
 
             relay.publish_batch().await.unwrap();
 
-            let types: Vec<_> = recorder.published().iter().map(|e| e.message_type().to_owned()).collect();
-            assert_eq!(types, ["test.receipt"]);
-            let failed = outbox::list(&pool, Some(OutboxStatus::Failed), 10).await.unwrap();
-            assert_eq!(failed.len(), 1, "{failed:?}");
-            assert!(failed[0].last_error.as_deref().unwrap().contains("stored headers"), "{failed:?}");
+            poison_refused_alone(&pool, &recorder, "stored headers").await;
         }
 
         /// The relay's wake-ups (PostgreSQL's `LISTEN`) hold a connection of their own, not one of
