@@ -393,11 +393,14 @@ fn backoff(failures: u32) -> Duration {
 }
 
 /// What a running relay does now and then: the backlog gauge, and the purge of old published
-/// messages.
+/// messages, one bounded batch between two of its publications, so a purge of many messages
+/// (the first after a long stop) does not hold publishing up until it ends.
 #[derive(Default)]
 struct Housekeeping {
     gauged: Option<Instant>,
     purged: Option<Instant>,
+    /// Whether the last purge batch was full: more may be past the retention.
+    purging: bool,
 }
 
 impl Housekeeping {
@@ -415,19 +418,16 @@ impl Housekeeping {
                 Err(error) => tracing::warn!(%error, "could not count the outbox backlog"),
             }
         }
-        if due(&mut self.purged, Self::PURGE_EVERY) {
+        if self.purging || due(&mut self.purged, Self::PURGE_EVERY) {
             let window = i64::try_from(relay.retention.as_millis()).unwrap_or(i64::MAX);
             let before = now_ms().saturating_sub(window);
-            loop {
-                match rows::purge(&relay.pool, before, Self::PURGE_BATCH).await {
-                    Ok(deleted) if deleted == u64::from(Self::PURGE_BATCH) => {}
-                    Ok(_) => break,
-                    Err(error) => {
-                        tracing::warn!(%error, "could not purge published outbox messages");
-                        break;
-                    }
+            self.purging = match rows::purge(&relay.pool, before, Self::PURGE_BATCH).await {
+                Ok(deleted) => deleted == u64::from(Self::PURGE_BATCH),
+                Err(error) => {
+                    tracing::warn!(%error, "could not purge published outbox messages");
+                    false
                 }
-            }
+            };
         }
     }
 }
