@@ -447,3 +447,88 @@ mod postgres_crash {
         database_crash_mid_run("database_crash_monotonic_batched", batch, monotonic).await;
     }
 }
+
+/// A run that ends while a message's transaction fails with nothing recorded (its connection
+/// lost): that message goes back to the broker, and so do the later messages of its aggregate
+/// that the run had pulled, unrun. Had they run, the message would come back after them, stale.
+mod postgres_shutdown {
+    use std::time::Duration;
+
+    use inbox::prelude::*;
+
+    use crate::common::ledger::Credited;
+
+    crate::common::ledger::ledger_handlers!(sqlx::Postgres, sqlx::PgConnection);
+    crate::common::queries::ledger_queries!(sqlx::Postgres, crate::common::postgres);
+
+    /// Told by the handler when the run is to stop.
+    static STOP: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+    /// Credits; at an account's first event, asks the run to stop, waits until it stopped
+    /// pulling, then loses its connection (ends it itself).
+    #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "account")]
+    async fn credit_then_lose_the_connection(
+        tx: &mut sqlx::PgConnection,
+        msg: Credited,
+    ) -> Result<(), HandlerError> {
+        if msg.sequence == 1 {
+            STOP.notify_one();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let end = "SELECT pg_terminate_backend(pg_backend_pid())";
+            sqlx::query(end).execute(&mut *tx).await?;
+        }
+        apply_credit(tx, &msg).await
+    }
+
+    #[tokio::test]
+    async fn a_message_handed_back_at_shutdown_is_not_overtaken_by_its_successor() {
+        let Some(pool) = ledger("shutdown_hand_back").await else {
+            return;
+        };
+        let broker = inbox::MemoryBroker::new();
+        for sequence in 1..=2 {
+            let event = Credited::new(format!("e-{sequence}"), "acct-1", sequence, 1);
+            broker.publish(Envelope::encode(format!("d-{sequence}"), &event).unwrap());
+        }
+        // One connection, taken from the pool for each message: the lost one is not reused.
+        let options = (*pool.connect_options()).clone();
+        let one = sqlx::postgres::PgPoolOptions::new().max_connections(1);
+        let one = one.connect_with(options).await.unwrap();
+        let stopping = Inbox::builder(one)
+            .handler(credit_then_lose_the_connection)
+            .build()
+            .await
+            .unwrap();
+
+        let report = stopping
+            .run_until(broker.source(), STOP.notified())
+            .await
+            .unwrap();
+        eprintln!(
+            "REPORT {report:?} acked {} redelivered {} queued {} inflight {}",
+            broker.acked(),
+            broker.redelivered(),
+            broker.queued(),
+            broker.in_flight()
+        );
+
+        assert_eq!(
+            applied(&pool, "acct-1").await,
+            [],
+            "the successor did not run"
+        );
+        assert_eq!(broker.acked(), 0, "both go back to the broker");
+        let restarted = Inbox::builder(pool.clone())
+            .handler(credit)
+            .build()
+            .await
+            .unwrap();
+        run_until_applied(&restarted, &pool, broker.source(), 2).await;
+        let sequences: Vec<i64> = applied(&pool, "acct-1")
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(sequences, [1, 2], "after the restart, each once, in order");
+    }
+}

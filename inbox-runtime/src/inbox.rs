@@ -50,13 +50,14 @@ struct Results {
 }
 
 /// What a job is serialized by: its handler, and its aggregate (or message id).
-type JobKey = (&'static str, String);
+pub(crate) type JobKey = (&'static str, String);
 
 impl Results {
-    fn new(jobs: usize) -> Self {
+    /// Results of `jobs` jobs, those of keys in `held_back` not to run.
+    fn new(jobs: usize, held_back: HashSet<JobKey>) -> Self {
         Self {
             results: (0..jobs).map(|_| None).collect(),
-            unrecorded: HashSet::new(),
+            unrecorded: held_back,
         }
     }
 
@@ -673,14 +674,16 @@ impl<DB: Backend> Shared<DB> {
     /// order one transaction per job would take, so a retry of the failed job, which the store
     /// may start as soon as its failure is recorded, never comes before an earlier message of its
     /// aggregate. When the database refuses a batch, each of its jobs goes in a transaction of
-    /// its own (counted in `report`).
+    /// its own (counted in `report`). The jobs of the keys `held_back` do not run: they end
+    /// [`Error::Behind`].
     pub(crate) async fn execute_batch(
         &self,
         connection: &mut dyn Connect<DB>,
         jobs: Vec<JobOf<'_, DB>>,
+        held_back: HashSet<JobKey>,
         report: &mut RunReport,
     ) -> Vec<Result<Handled, Error>> {
-        let mut results = Results::new(jobs.len());
+        let mut results = Results::new(jobs.len(), held_back);
         let mut steps = VecDeque::from([Step::Batch(jobs.into_iter().enumerate().collect())]);
         while let Some(step) = steps.pop_front() {
             match step {

@@ -5,7 +5,7 @@
 //! it holds (the batch handles them one after the other), then the oldest jobs of free keys: a
 //! few busy aggregates fill whole batches, and the other workers find the other aggregates free.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,6 +33,13 @@ impl Serial {
     /// parked behind them, and released in turn).
     fn shares_batches(&self) -> bool {
         !matches!(self, Serial::Strict(_))
+    }
+
+    /// The aggregate, or the message id.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            Serial::Aggregate(name) | Serial::Strict(name) | Serial::Message(name) => name,
+        }
     }
 }
 
@@ -64,6 +71,8 @@ struct State<T> {
     waiting: usize,
     closed: bool,
     workers: usize,
+    /// Keys whose later jobs are not to run in this run (see [`Busy::stop`]).
+    stopped: HashSet<Key>,
 }
 
 /// The jobs of one key that wait, each with its arrival number, how many of its jobs are being
@@ -113,6 +122,7 @@ impl<T> Scheduler<T> {
             waiting: 0,
             closed: false,
             workers,
+            stopped: HashSet::new(),
         };
         Self {
             state: Mutex::new(state),
@@ -381,6 +391,20 @@ impl<T> State<T> {
 impl<T> Drop for Filling<'_, T> {
     fn drop(&mut self) {
         self.scheduler.lock().filled(self.batch);
+    }
+}
+
+impl<T> Busy<'_, T> {
+    /// Stops the key for the rest of the run: its job went back to the broker with nothing
+    /// recorded, and the key's later jobs must not overtake it, so they go back too, unrun.
+    pub(crate) fn stop(&self) {
+        self.scheduler.lock().stopped.insert(self.key.clone());
+    }
+
+    /// The job's key, if it was [stopped](Busy::stop).
+    pub(crate) fn stopped(&self) -> Option<&Key> {
+        let stopped = self.scheduler.lock().stopped.contains(&self.key);
+        stopped.then_some(&self.key)
     }
 }
 

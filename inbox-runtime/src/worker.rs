@@ -462,6 +462,8 @@ async fn handle_all<DB: Backend>(
             break;
         }
         let (work, busy): (Vec<_>, Vec<_>) = taken.into_iter().unzip();
+        let stopped = busy.iter().filter_map(Busy::stopped);
+        let stopped = stopped.map(|(handler, serial)| (*handler, serial.name().to_owned()));
         let (jobs, tried): (Vec<_>, Vec<_>) = work.into_iter().map(Work::tried).unzip();
         let with_envelopes = jobs
             .into_iter()
@@ -471,7 +473,12 @@ async fn handle_all<DB: Backend>(
             None => &mut *own,
         };
         let results = shared
-            .execute_batch(connection, with_envelopes.collect(), &mut report)
+            .execute_batch(
+                connection,
+                with_envelopes.collect(),
+                stopped.collect(),
+                &mut report,
+            )
             .await;
         drop(turn);
         let mut finished = Vec::with_capacity(results.len());
@@ -512,7 +519,8 @@ impl<DB: Backend> Work<DB> {
 ///
 /// Returns the result when it is final: the job's outcome or a recorded failure, one that no
 /// other try changes, the [`UNHANDLED_LIMIT`]-th attempt, or any try once the run is ending (the
-/// delivery then goes back to the broker).
+/// delivery then goes back to the broker, and so do the later jobs of its key, unrun: they must
+/// not overtake it).
 fn put_back_unhandled<DB: Backend>(
     shared: &Shared<DB>,
     scheduler: &Arc<Scheduler<Work<DB>>>,
@@ -524,7 +532,11 @@ fn put_back_unhandled<DB: Backend>(
         return Some((result, tried));
     };
     let limit_reached = tried.attempt >= UNHANDLED_LIMIT && !error.is_unreachable();
-    if !unrecorded(error) || limit_reached || scheduler.is_closed() {
+    if !unrecorded(error) || limit_reached {
+        return Some((result, tried));
+    }
+    if scheduler.is_closed() {
+        busy.stop();
         return Some((result, tried));
     }
     let Ok(job) = shared.prepare_for(tried.handler, &tried.pending.envelope) else {
