@@ -186,6 +186,28 @@ macro_rules! failures_suite {
             assert_eq!(inbox.dispatch(&flaky).await.unwrap()[0].outcome, Outcome::Duplicate);
         }
 
+        /// A retry from the store that ended with nothing recorded is put off by as long as it
+        /// has been since the message's failure was recorded, within the given bounds.
+        #[tokio::test]
+        async fn a_retry_put_off_is_due_after_as_long_as_since_its_failure() {
+            let Some(pool) = database("put_off").await else { return };
+            let inbox = inbox(&pool, quick(5)).await;
+            inbox.dispatch(envelope(&job("poison", "poison"))).await.unwrap_err();
+            // SQLite keeps the time of the failure in whole seconds.
+            tokio::time::sleep(Duration::from_millis(2_100)).await;
+            let consumer: String = sqlx::query_scalar("SELECT consumer FROM inbox_messages").fetch_one(&pool).await.unwrap();
+            let key = inbox::MessageKey { consumer: &consumer, handler: "jobs", message_id: "poison" };
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+
+            inbox::storage::messages::postpone_retry::<$db>(&pool, &key, now, (100, 60_000)).await.unwrap();
+
+            let due: i64 = sqlx::query_scalar("SELECT retry_at_ms FROM inbox_messages").fetch_one(&pool).await.unwrap();
+            assert!((1_100..=4_000).contains(&(due - now)), "due {} ms from now", due - now);
+            inbox::storage::messages::postpone_retry::<$db>(&pool, &key, now, (100, 500)).await.unwrap();
+            let due: i64 = sqlx::query_scalar("SELECT retry_at_ms FROM inbox_messages").fetch_one(&pool).await.unwrap();
+            assert_eq!(due - now, 500, "at most the longest delay");
+        }
+
         #[tokio::test]
         async fn a_poison_message_dies_after_its_last_attempt_while_others_flow() {
             let Some(pool) = database("poison").await else { return };

@@ -532,3 +532,84 @@ mod postgres_shutdown {
         assert_eq!(sequences, [1, 2], "after the restart, each once, in order");
     }
 }
+
+/// A retry from the store that ends with nothing recorded (here the handler loses its own
+/// connection) is put off, longer each time, instead of coming back at every sweep.
+mod postgres_store_retry {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use inbox::prelude::*;
+
+    use crate::common::ledger::Credited;
+
+    crate::common::queries::ledger_queries!(sqlx::Postgres, crate::common::postgres);
+
+    /// How many times the handler ran.
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+
+    /// Fails its first attempt (recorded), then loses its connection at every retry.
+    #[inbox_handler(key = "event_id")]
+    async fn fail_then_lose_the_connection(
+        ctx: &mut Context<'_, sqlx::Postgres>,
+        _msg: Credited,
+    ) -> Result<(), HandlerError> {
+        RUNS.fetch_add(1, Ordering::SeqCst);
+        if ctx.attempt() == 1 {
+            return Err(HandlerError::msg("the first attempt fails"));
+        }
+        let end = "SELECT pg_terminate_backend(pg_backend_pid())";
+        sqlx::query(end).execute(&mut **ctx.transaction()).await?;
+        Ok(())
+    }
+
+    fn now_ms() -> i64 {
+        let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        i64::try_from(since.as_millis()).unwrap()
+    }
+
+    /// When the message is due again, in Unix epoch milliseconds.
+    async fn retry_at(pool: &Pool) -> i64 {
+        let due = "SELECT retry_at_ms FROM inbox_messages WHERE message_id = 'e-1'";
+        sqlx::query_scalar(due).fetch_one(pool).await.unwrap()
+    }
+
+    /// Waits until the message is due, then has the store retry it; gives how long it is put off.
+    async fn retried_and_put_off(inbox: &Inbox<sqlx::Postgres>, pool: &Pool) -> i64 {
+        let wait = retry_at(pool).await - now_ms() + 20;
+        tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
+        let runs = RUNS.load(Ordering::SeqCst);
+        inbox.replay_requested().await.unwrap();
+        assert_eq!(RUNS.load(Ordering::SeqCst), runs + 1, "retried once");
+        retry_at(pool).await - now_ms()
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_loses_its_connection_is_put_off_longer_each_time() {
+        let Some(pool) = ledger("store_retry_put_off").await else {
+            return;
+        };
+        let quick =
+            RetryPolicy::new(10).backoff(Duration::from_millis(200), Duration::from_secs(60));
+        let inbox = Inbox::builder(pool.clone())
+            .retry(quick.jitter(0.0))
+            .handler(fail_then_lose_the_connection)
+            .build()
+            .await
+            .unwrap();
+        let event = Credited::new("e-1", "acct-1", 1, 1);
+        inbox
+            .dispatch(Envelope::encode("d-1", &event).unwrap())
+            .await
+            .unwrap_err();
+
+        let first = retried_and_put_off(&inbox, &pool).await;
+        let second = retried_and_put_off(&inbox, &pool).await;
+
+        assert!(first > 0, "put off, not due again at once: {first} ms");
+        assert!(
+            second > first,
+            "longer each time: {first} ms, then {second} ms"
+        );
+    }
+}

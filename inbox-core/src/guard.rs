@@ -1173,7 +1173,9 @@ async fn resolve_dead<DB: Backend>(
 /// retry: this is how a message is retried when its redelivery never comes (a broker that gave up,
 /// dead-lettered it on its own, or moved its offset past it), and how a released message that
 /// failed is retried. A message that fails again is recorded like any failure; one that can no
-/// longer be decoded is dead at once, with the reason. Returns how many were processed.
+/// longer be decoded is dead at once, with the reason; one whose try ends with nothing recorded
+/// (its connection lost) is put off, longer each time ([`messages::postpone_retry`]). Returns how
+/// many were processed.
 pub async fn retry_due<DB: Backend, H: Handler<DB>>(
     pool: &Pool<DB>,
     consumer: &str,
@@ -1185,7 +1187,16 @@ pub async fn retry_due<DB: Backend, H: Handler<DB>>(
         match rerun(pool, consumer, handler, &message_id, retry).await {
             Ok(outcome) => processed += u32::from(outcome == Outcome::Processed),
             Err(error) => {
-                tracing::warn!(handler = handler.name(), message_id, %error, "a retry from the store failed")
+                tracing::warn!(handler = handler.name(), message_id, %error, "a retry from the store failed; putting it off");
+                let key = MessageKey {
+                    consumer,
+                    handler: handler.name(),
+                    message_id: &message_id,
+                };
+                let put_off = messages::postpone_retry(pool, &key, now_ms(), retry.bounds_ms());
+                if let Err(error) = put_off.await {
+                    tracing::warn!(message_id, %error, "could not put off a failed retry");
+                }
             }
         }
     }

@@ -84,6 +84,12 @@ impl RetryPolicy {
         self.attempt_timeout
     }
 
+    /// The first and the longest delay, in milliseconds.
+    pub(crate) fn bounds_ms(&self) -> (i64, i64) {
+        let ms = |delay: Duration| i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        (ms(self.initial_delay), ms(self.max_delay))
+    }
+
     /// The most attempts a message gets.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts

@@ -280,6 +280,27 @@ pub async fn schedule_retry<DB: Backend>(
     Ok(())
 }
 
+/// Puts off the retry of `failed` message `key`, which failed again with nothing recorded (its
+/// connection lost, say): due again after as long as it has been since its failure was
+/// recorded, at least `min_ms` and at most `max_ms`. So the delay doubles with each such try,
+/// where the store would otherwise try it at every sweep.
+pub async fn postpone_retry<DB: Backend>(
+    pool: &Pool<DB>,
+    key: &MessageKey<'_>,
+    now_ms: i64,
+    (min_ms, max_ms): (i64, i64),
+) -> Result<(), sqlx::Error> {
+    let [consumer, handler, message_id] = key_params(key);
+    let bounds = [Param::Int(now_ms), Param::Int(max_ms), Param::Int(min_ms)];
+    let params: Vec<_> = bounds
+        .into_iter()
+        .chain([consumer, handler, message_id])
+        .collect();
+    let mut conn = pool.acquire().await?;
+    sql::execute::<DB>(&mut conn, DB::SQL.messages.postpone_retry, &params).await?;
+    Ok(())
+}
+
 /// Fails if the transaction can no longer commit: PostgreSQL aborts a transaction at its first
 /// failed statement, and then turns `COMMIT` into a silent rollback; MySQL rolls a whole
 /// transaction back for a deadlock it chose it for, and the statements after it commit on their own. Costs

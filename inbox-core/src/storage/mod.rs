@@ -185,6 +185,9 @@ pub struct MessageSql {
     pub update_failure: Returning,
     /// Sets when a failed message is due ([`messages::schedule_retry`]).
     pub schedule_retry: &'static str,
+    /// Puts a failed message's retry off by as long as it has been since its failure was
+    /// recorded, within bounds ([`messages::postpone_retry`]).
+    pub postpone_retry: &'static str,
     /// How to tell that the transaction can still commit ([`messages::check_open`]); `None`
     /// where nothing a handler meets ends it under the guard (SQLite: a failed statement aborts
     /// only itself).

@@ -158,6 +158,9 @@ const SQL: Statements = Statements {
         },
         schedule_retry: "UPDATE inbox_messages SET retry_at_ms = ? \
             WHERE consumer = ? AND handler = ? AND message_id = ?",
+        postpone_retry: "UPDATE inbox_messages SET retry_at_ms = ? + LEAST(?, GREATEST(?, \
+            COALESCE(TIMESTAMPDIFF(MICROSECOND, failed_at, CURRENT_TIMESTAMP(6)) DIV 1000, 0))) \
+            WHERE consumer = ? AND handler = ? AND message_id = ? AND status = 'failed'",
         // Refused (25001) inside a transaction; outside one it sets what the next is, which
         // every transaction of the guard sets again when it begins.
         check_open: Some(OpenProbe::RefusedWhileOpen("SET TRANSACTION READ WRITE")),

@@ -331,6 +331,9 @@ pub(super) const SQL: Statements = Statements {
         ),
         schedule_retry: "UPDATE inbox_messages SET retry_at_ms = $1 \
             WHERE consumer = $2 AND handler = $3 AND message_id = $4",
+        postpone_retry: "UPDATE inbox_messages SET retry_at_ms = $1 + LEAST($2, GREATEST($3, \
+            COALESCE((extract(epoch FROM now() - failed_at) * 1000)::bigint, 0))) \
+            WHERE consumer = $4 AND handler = $5 AND message_id = $6 AND status = 'failed'",
         check_open: Some(OpenProbe::FailsOnceAborted("SELECT 1")),
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($1, error_text), dead_reason = $2 \
             WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('failed', 'parked')",

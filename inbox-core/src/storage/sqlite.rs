@@ -43,6 +43,9 @@ macro_rules! select_stored_utc {
 /// SQLite's statements.
 const SQL: Statements = Statements {
     messages: MessageSql {
+        postpone_retry: "UPDATE inbox_messages SET retry_at_ms = $1 + min($2, max($3, \
+            COALESCE(CAST((julianday('now') - julianday(failed_at)) * 86400000 AS INTEGER), 0))) \
+            WHERE consumer = $4 AND handler = $5 AND message_id = $6 AND status = 'failed'",
         check_open: None,
         claim_or_seen: None,
         claim_and_advance: None,
