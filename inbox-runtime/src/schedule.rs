@@ -36,7 +36,7 @@ impl Serial {
     }
 
     /// The aggregate, or the message id.
-    pub(crate) fn name(&self) -> &str {
+    fn name(&self) -> &str {
         match self {
             Serial::Aggregate(name) | Serial::Strict(name) | Serial::Message(name) => name,
         }
@@ -251,6 +251,21 @@ impl<T> Scheduler<T> {
         }
     }
 
+    /// The keys of the `taken` jobs that were [stopped](Busy::stop), each as its handler and
+    /// its aggregate (or message id): one look, and none while no key is stopped.
+    pub(crate) fn stopped(&self, taken: &[Busy<'_, T>]) -> Vec<(&'static str, String)> {
+        let state = self.lock();
+        if state.stopped.is_empty() {
+            return Vec::new();
+        }
+        let stopped = taken
+            .iter()
+            .filter(|busy| state.stopped.contains(&busy.key));
+        stopped
+            .map(|busy| (busy.key.0, busy.key.1.name().to_owned()))
+            .collect()
+    }
+
     /// Marks a worker as gone; when the last one is, no room is left for new work.
     pub(crate) fn worker_gone(&self) {
         let mut state = self.lock();
@@ -399,12 +414,6 @@ impl<T> Busy<'_, T> {
     /// recorded, and the key's later jobs must not overtake it, so they go back too, unrun.
     pub(crate) fn stop(&self) {
         self.scheduler.lock().stopped.insert(self.key.clone());
-    }
-
-    /// The job's key, if it was [stopped](Busy::stop).
-    pub(crate) fn stopped(&self) -> Option<&Key> {
-        let stopped = self.scheduler.lock().stopped.contains(&self.key);
-        stopped.then_some(&self.key)
     }
 }
 

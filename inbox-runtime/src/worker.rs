@@ -462,8 +462,7 @@ async fn handle_all<DB: Backend>(
             break;
         }
         let (work, busy): (Vec<_>, Vec<_>) = taken.into_iter().unzip();
-        let stopped = busy.iter().filter_map(Busy::stopped);
-        let stopped = stopped.map(|(handler, serial)| (*handler, serial.name().to_owned()));
+        let stopped = scheduler.stopped(&busy);
         let (jobs, tried): (Vec<_>, Vec<_>) = work.into_iter().map(Work::tried).unzip();
         let with_envelopes = jobs
             .into_iter()
@@ -476,7 +475,7 @@ async fn handle_all<DB: Backend>(
             .execute_batch(
                 connection,
                 with_envelopes.collect(),
-                stopped.collect(),
+                stopped.into_iter().collect(),
                 &mut report,
             )
             .await;

@@ -291,11 +291,14 @@ pub async fn postpone_retry<DB: Backend>(
     (min_ms, max_ms): (i64, i64),
 ) -> Result<(), sqlx::Error> {
     let [consumer, handler, message_id] = key_params(key);
-    let bounds = [Param::Int(now_ms), Param::Int(max_ms), Param::Int(min_ms)];
-    let params: Vec<_> = bounds
-        .into_iter()
-        .chain([consumer, handler, message_id])
-        .collect();
+    let params = [
+        Param::Int(now_ms),
+        Param::Int(max_ms),
+        Param::Int(min_ms),
+        consumer,
+        handler,
+        message_id,
+    ];
     let mut conn = pool.acquire().await?;
     sql::execute::<DB>(&mut conn, DB::SQL.messages.postpone_retry, &params).await?;
     Ok(())
