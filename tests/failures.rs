@@ -208,6 +208,25 @@ macro_rules! failures_suite {
             assert_eq!(due - now, 500, "at most the longest delay");
         }
 
+        /// A retry from the store whose handler fails again is recorded as any failure is, and
+        /// waits for the policy's next delay: it is not put off as a try that recorded nothing.
+        #[tokio::test]
+        async fn a_retry_from_the_store_that_fails_again_waits_for_the_next_delay() {
+            let Some(pool) = database("store_backoff").await else { return };
+            let backoff = RetryPolicy::new(5).backoff(Duration::from_secs(1), Duration::from_secs(60));
+            let inbox = inbox(&pool, backoff.jitter(0.0)).await;
+            inbox.dispatch(envelope(&job("poison", "poison"))).await.unwrap_err();
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+
+            inbox.replay_requested().await.unwrap();
+
+            let (status, attempts, _, _) = row(&pool, "poison").await.unwrap();
+            assert_eq!((status.as_str(), attempts), ("failed", 2), "retried from the store, and failed again");
+            let due: i64 = sqlx::query_scalar("SELECT retry_at_ms FROM inbox_messages").fetch_one(&pool).await.unwrap();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+            assert!(due - now > 1_500, "due after the second delay (2 s), not the first (1 s): in {} ms", due - now);
+        }
+
         #[tokio::test]
         async fn a_poison_message_dies_after_its_last_attempt_while_others_flow() {
             let Some(pool) = database("poison").await else { return };

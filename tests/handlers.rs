@@ -30,9 +30,29 @@ async fn count_tenant_event(_msg: TenantEvent) -> Result<(), HandlerError> {
     Ok(())
 }
 
+/// A handler whose name is one character longer than the inbox tables keep.
+#[inbox_handler(key = ["tenant", "event_id"], name = "handler_nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn")]
+async fn long_named(_msg: TenantEvent) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+/// A message whose type tag is one character longer than the inbox tables keep.
+#[derive(Debug, Clone, Serialize, Deserialize, Message)]
+#[message(
+    name = "test.ttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttt"
+)]
+struct LongTagged {
+    event_id: u64,
+}
+
+#[inbox_handler(key = "event_id")]
+async fn count_long_tagged(_msg: LongTagged) -> Result<(), HandlerError> {
+    Ok(())
+}
+
 macro_rules! handlers_suite {
     ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
-        use super::{count_tenant_event, TenantEvent};
+        use super::{count_long_tagged, count_tenant_event, long_named, TenantEvent};
         use inbox::prelude::*;
 
         type Pool = sqlx::Pool<$db>;
@@ -242,6 +262,20 @@ macro_rules! handlers_suite {
             assert!(matches!(error, inbox::BuildError::EmptyConsumer), "{error}");
         }
 
+        /// Names and type tags longer than MySQL's columns keep are refused on every database,
+        /// when the inbox is built, instead of each message being refused on MySQL alone.
+        #[tokio::test]
+        async fn a_handler_name_or_type_tag_longer_than_the_tables_keep_is_refused_at_build() {
+            let Some(pool) = database("long_names").await else { return };
+
+            let error = builder(&pool).handler(long_named).build().await.err().unwrap();
+            assert!(matches!(error, inbox::BuildError::HandlerNameTooLong { chars: 101, .. }), "{error}");
+            assert!(error.to_string().contains("at most 100"), "{error}");
+            let error = builder(&pool).handler(count_long_tagged).build().await.err().unwrap();
+            assert!(matches!(error, inbox::BuildError::MessageTypeTooLong { chars: 256, .. }), "{error}");
+            assert!(error.to_string().contains("at most 255"), "{error}");
+        }
+
         #[tokio::test]
         async fn a_consumer_name_longer_than_the_tables_keep_is_refused_at_build() {
             let Some(pool) = database("long_consumer").await else { return };
@@ -344,4 +378,25 @@ async fn sqlite_dedup_rows_survive_the_rebuild_of_their_table() {
         .await
         .expect("a rowid table");
     assert_eq!(rows.len(), 2);
+}
+
+/// A SQLite pool made without the inbox's options is still put in write-ahead logging by
+/// `migrate`, the mode the guard is written for: readers and the one writer do not block each
+/// other.
+#[tokio::test]
+async fn migrate_puts_a_plain_sqlite_database_in_write_ahead_logging() {
+    let Some(url) = common::sqlite_url("plain_sqlite").await else {
+        return;
+    };
+    let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
+
+    inbox::migrate(&pool).await.unwrap();
+
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
 }

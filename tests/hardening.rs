@@ -418,6 +418,41 @@ macro_rules! hardening_suite {
         }
 
         #[tokio::test]
+        async fn an_outage_of_the_source_does_not_count_towards_a_gap_timeout() {
+            let Some(pool) = database("gap_over_outage").await else { return };
+            #[inbox_handler(key = "id", sequence = "seq", aggregate = "order", ordering = "strict", gap_timeout = "1s", name = "gap_over_outage")]
+            async fn gap_over_outage(ctx: &mut Context<'_, $db>, payment: Payment) -> Result<(), HandlerError> {
+                record(ctx, &payment).await
+            }
+            /// A transport whose broker is down for a while, then delivers what waited there.
+            struct DownAtFirst {
+                up_at: std::time::Instant,
+                broker: inbox::MemorySource,
+            }
+            impl inbox::Source for DownAtFirst {
+                async fn next(&mut self) -> Result<Option<inbox::Delivery>, inbox::SourceError> {
+                    if std::time::Instant::now() < self.up_at {
+                        return Err("broker down".into());
+                    }
+                    self.broker.next().await
+                }
+            }
+            let inbox = builder(&pool).sweep_interval(Duration::from_millis(20)).handler(gap_over_outage).build().await.unwrap();
+            inbox.dispatch(&envelope("p-2", &payment("p-2", "o-1", 2, "ok"))).await.unwrap();
+            sqlx::query($crate::common::sql::<$db>("UPDATE inbox_messages SET received_at = '2000-01-01 00:00:00'")).execute(&pool).await.unwrap();
+            let broker = MemoryBroker::new();
+            broker.publish(envelope("p-1", &payment("p-1", "o-1", 1, "ok")));
+            broker.close();
+            let up_at = std::time::Instant::now() + Duration::from_millis(2_500);
+
+            let run = inbox.run(DownAtFirst { up_at, broker: broker.source() });
+            let report = tokio::time::timeout(Duration::from_secs(20), run).await.unwrap().unwrap();
+
+            assert_eq!(report.gap_expired, 0, "the missing message waited at the broker all along: {report:?}");
+            assert_eq!(row(&pool, "gap_over_outage", "p-2").await.unwrap().0, "processed");
+        }
+
+        #[tokio::test]
         async fn sequences_outside_the_valid_range_are_refused_at_the_door() {
             let Some(pool) = database("sequence_range").await else { return };
             for seq in [i64::MAX, i64::MIN, -1, inbox::MAX_SEQUENCE + 1] {

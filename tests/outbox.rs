@@ -501,6 +501,24 @@ macro_rules! outbox_suite {
             let pending = outbox::list(&pool, None, 10).await.unwrap();
             assert_eq!(pending.len(), 1, "the unpublished one is kept");
         }
+
+        /// A relay whose retention is shorter than an hour looks for messages past it once per
+        /// window: what it publishes during its run is deleted during its run.
+        #[tokio::test]
+        async fn a_short_retention_deletes_what_the_relay_published_during_its_run() {
+            let Some(pool) = ledger("outbox_short_retention").await else { return };
+            let recorder = Recorder::default();
+            let relay = Relay::new(pool.clone(), recorder.clone()).retention(Duration::from_millis(100));
+            let run = tokio::spawn(relay.run(tokio::time::sleep(Duration::from_secs(3))));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+
+            write_messages(&pool, 1, 3).await;
+
+            run.await.unwrap();
+            assert_eq!(recorder.published().len(), 3, "published during the run");
+            let published = outbox::list(&pool, Some(OutboxStatus::Published), 10).await.unwrap();
+            assert!(published.is_empty(), "deleted past the window: {published:?}");
+        }
     };
 }
 

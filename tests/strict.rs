@@ -184,6 +184,21 @@ macro_rules! strict_suite {
             assert_eq!(sequences(&pool, "acct").await, [1, 2, 3]);
         }
 
+        /// `process()` has no runtime whose sweep would release what a delivery leaves parked:
+        /// it applies the whole chain its message unblocks, past what one delivery releases.
+        #[tokio::test]
+        async fn process_applies_a_whole_chain_however_long() {
+            let Some(pool) = ledger("whole_chain").await else { return };
+            let last = i64::from(inbox::RELEASES_PER_MESSAGE) + 20;
+            for sequence in 2..=last {
+                assert_eq!(strict(&pool, "acct", sequence).await, Outcome::Parked);
+            }
+
+            assert_eq!(strict(&pool, "acct", 1).await, Outcome::Processed);
+
+            assert_eq!(sequences(&pool, "acct").await, (1..=last).collect::<Vec<_>>());
+        }
+
         #[tokio::test]
         async fn strict_skips_what_already_applied() {
             let Some(pool) = ledger("strict_stale").await else { return };

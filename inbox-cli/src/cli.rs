@@ -206,7 +206,7 @@ pub struct DiscardDecision {
     #[command(flatten)]
     pub operator: Operator,
     /// Why it is discarded.
-    #[arg(long)]
+    #[arg(long, default_value = "discarded with the inbox CLI")]
     pub reason: String,
     /// Whether to ask first.
     #[command(flatten)]
@@ -369,7 +369,7 @@ pub enum GapCommand {
         #[command(flatten)]
         operator: Operator,
         /// Why the missing messages will never come (kept with who skipped the gap, and when).
-        #[arg(long)]
+        #[arg(long, default_value = "gap skipped with the inbox CLI")]
         reason: String,
         /// Whether to ask first.
         #[command(flatten)]

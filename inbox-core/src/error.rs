@@ -160,6 +160,28 @@ impl Error {
         }
     }
 
+    /// Whether this error ended a try before its failure could be recorded, for a reason that may
+    /// pass (the database unreachable or refusing writes, the connection lost): nothing of the try
+    /// is kept, and it can only be tried again. A handler's failure ([`Error::Handler`]) and a
+    /// retry that is not due ([`Error::RetryNotDue`]) are recorded already.
+    ///
+    /// ```
+    /// # use inbox_core as inbox;
+    /// use inbox::Error;
+    ///
+    /// assert!(Error::Database(sqlx::Error::PoolTimedOut).is_unrecorded());
+    /// let not_due = Error::RetryNotDue {
+    ///     handler: "mark_paid".into(),
+    ///     message_id: "e-1".into(),
+    ///     retry_after: std::time::Duration::from_secs(1),
+    /// };
+    /// assert!(!not_due.is_unrecorded());
+    /// ```
+    pub fn is_unrecorded(&self) -> bool {
+        let recorded = matches!(self, Error::Handler { .. } | Error::RetryNotDue { .. });
+        !recorded && self.is_transient()
+    }
+
     /// Whether the database was out of reach: no connection to be had (refused, timed out, the
     /// pool closed) or the connection lost under the transaction, or the message did not run at
     /// all ([`Error::Behind`]). Such a failure says nothing about the message, so the runtime

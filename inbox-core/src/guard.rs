@@ -1186,7 +1186,7 @@ pub async fn retry_due<DB: Backend, H: Handler<DB>>(
     for message_id in operators::due_retries(pool, consumer, handler.name(), now_ms(), 500).await? {
         match rerun(pool, consumer, handler, &message_id, retry).await {
             Ok(outcome) => processed += u32::from(outcome == Outcome::Processed),
-            Err(error) => {
+            Err(error) if error.is_unrecorded() => {
                 tracing::warn!(handler = handler.name(), message_id, %error, "a retry from the store failed; putting it off");
                 let key = MessageKey {
                     consumer,
@@ -1198,6 +1198,7 @@ pub async fn retry_due<DB: Backend, H: Handler<DB>>(
                     tracing::warn!(message_id, %error, "could not put off a failed retry");
                 }
             }
+            Err(_) => {}
         }
     }
     Ok(processed)

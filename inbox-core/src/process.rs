@@ -4,7 +4,7 @@ use futures::future::BoxFuture;
 use sqlx::Pool;
 
 use crate::error::Error;
-use crate::guard::{Received, canonical_payload, process};
+use crate::guard::{RELEASES_PER_MESSAGE, Received, canonical_payload, process, release};
 use crate::handler::{DEFAULT_CONSUMER, Handler};
 use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
@@ -15,7 +15,8 @@ use crate::storage::Backend;
 pub trait Process<DB: Backend>: Handler<DB> {
     /// Guards and handles one message in one transaction, for the [`DEFAULT_CONSUMER`]: dedup,
     /// ordering guard, the user's writes, then commit. Under strict ordering, the parked
-    /// successors it unblocks are applied too, each in its own transaction, before this returns.
+    /// successors it unblocks are applied too, each in its own transaction, however many, before
+    /// this returns.
     /// A failure is recorded under [`RetryPolicy::default`] and returned as [`Error::Handler`],
     /// which says when to call again, or that the message is now dead; calling again before then
     /// is [`Error::RetryNotDue`]. The message's content, for dedup, is its JSON encoding with
@@ -43,10 +44,37 @@ impl<DB: Backend, H: Handler<DB>> Process<DB> for H {
                 receipt: None,
             };
             let retry = RetryPolicy::default();
-            let mut pool = pool.clone();
-            let guarded =
-                process(&mut pool, DEFAULT_CONSUMER, self, message, received, &retry).await?;
+            let mut connection = pool.clone();
+            let guarded = process(
+                &mut connection,
+                DEFAULT_CONSUMER,
+                self,
+                message,
+                received,
+                &retry,
+            )
+            .await?;
+            if let (RELEASES_PER_MESSAGE.., Some(aggregate)) =
+                (guarded.released, identity.aggregate())
+            {
+                release_the_rest(pool, self, aggregate, &retry).await;
+            }
             Ok(guarded.outcome)
         })
+    }
+}
+
+/// Releases the parked successors left after the guard released its first
+/// [`RELEASES_PER_MESSAGE`]: without a runtime, no sweep comes to release them. A failed release
+/// is recorded like any failure, and logged here, since the message itself was handled.
+async fn release_the_rest<DB: Backend, H: Handler<DB>>(
+    pool: &Pool<DB>,
+    handler: &H,
+    aggregate: &str,
+    retry: &RetryPolicy,
+) {
+    let released = release(pool, DEFAULT_CONSUMER, handler, aggregate, retry, u32::MAX);
+    if let Err(error) = released.await {
+        tracing::warn!(handler = handler.name(), aggregate, %error, "releasing a parked message failed");
     }
 }

@@ -54,6 +54,9 @@ struct Observed {
     last_delivery: Option<Instant>,
     failing_since: Option<Instant>,
     last_error: Option<String>,
+    /// Since when the source has been asked for deliveries without failing: not while a failed
+    /// source waits to be asked again.
+    consuming_since: Option<Instant>,
 }
 
 impl SourceState {
@@ -61,6 +64,7 @@ impl SourceState {
         self.update(|observed| {
             *observed = Observed {
                 running: true,
+                consuming_since: Some(Instant::now()),
                 ..Observed::default()
             }
         });
@@ -82,7 +86,25 @@ impl SourceState {
         self.update(|observed| {
             observed.failing_since.get_or_insert_with(Instant::now);
             observed.last_error = Some(error.to_string());
+            observed.consuming_since = None;
         });
+    }
+
+    /// The source is asked again after it failed.
+    pub(crate) fn asking_again(&self) {
+        self.update(|observed| observed.consuming_since = Some(Instant::now()));
+    }
+
+    /// How long the source has been asked for deliveries without failing: a gap's timeout counts
+    /// only this, since the missing message may be waiting in the source all along an outage.
+    pub(crate) fn consuming_for(&self) -> Duration {
+        let observed = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        observed
+            .consuming_since
+            .map_or(Duration::ZERO, |since| since.elapsed())
     }
 
     fn update(&self, change: impl FnOnce(&mut Observed)) {

@@ -63,7 +63,7 @@ impl Results {
 
     /// Sets the result of job `index`, of `key`.
     fn set(&mut self, index: usize, key: JobKey, result: Result<Handled, Error>) {
-        if matches!(&result, Err(error) if unrecorded(error)) {
+        if matches!(&result, Err(error) if error.is_unrecorded()) {
             self.unrecorded.insert(key);
         }
         self.results[index] = Some(result);
@@ -102,14 +102,6 @@ impl Results {
 fn job_key<DB: Backend>(job: &dyn Job<DB>) -> JobKey {
     let serial = job.aggregate().unwrap_or(job.message_id());
     (job.handler(), serial.to_owned())
-}
-
-/// Whether `error` ended a job before its failure could be recorded, for a reason that may pass
-/// (the database unreachable or refusing writes, the connection lost): nothing of it is kept, and
-/// it can only be tried again.
-pub(crate) fn unrecorded(error: &Error) -> bool {
-    let recorded = matches!(error, Error::Handler { .. } | Error::RetryNotDue { .. });
-    !recorded && error.is_transient()
 }
 
 /// What is left of a batch, in the order it is done: jobs to stage together, or the failure of

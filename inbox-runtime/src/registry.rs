@@ -9,6 +9,10 @@ use crate::route::{Job, Route};
 
 /// The longest consumer name the inbox tables keep, in characters.
 pub(crate) const MAX_CONSUMER_CHARS: usize = 100;
+/// The longest handler name the inbox tables keep, in characters.
+const MAX_HANDLER_CHARS: usize = 100;
+/// The longest message type tag the inbox tables keep, in characters.
+const MAX_TYPE_CHARS: usize = 255;
 
 /// An error in how an inbox was put together, found by [`crate::InboxBuilder::build`].
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +53,32 @@ pub enum BuildError {
     )]
     ConsumerTooLong(usize),
 
+    /// A handler's name is longer than the inbox tables keep (MySQL's key columns hold 100
+    /// characters; the limit is the same on every database).
+    #[error(
+        "handler `{name}` has a name {chars} characters long; the inbox keeps names of at most {max}, so give it a shorter `name = \"...\"`",
+        max = MAX_HANDLER_CHARS
+    )]
+    HandlerNameTooLong {
+        /// The handler's name.
+        name: &'static str,
+        /// How many characters it has.
+        chars: usize,
+    },
+
+    /// A message type tag is longer than the inbox tables keep (255 characters on every
+    /// database).
+    #[error(
+        "message type `{message_type}` is {chars} characters long; the inbox keeps type tags of at most {max}, so give it a shorter `#[message(name = \"...\")]`",
+        max = MAX_TYPE_CHARS
+    )]
+    MessageTypeTooLong {
+        /// The type tag.
+        message_type: &'static str,
+        /// How many characters it has.
+        chars: usize,
+    },
+
     /// The inbox tables are missing or unreachable.
     #[error("the inbox schema is missing or unreachable ({0}); run `inbox::migrate(&pool)` first")]
     Schema(#[source] sqlx::Error),
@@ -57,6 +87,24 @@ pub enum BuildError {
 /// Message type tag → the handlers of that type, in registration order.
 pub(crate) struct Registry<DB: Backend> {
     routes: HashMap<&'static str, Vec<Arc<dyn Route<DB>>>>,
+}
+
+/// Fails for a handler name or a type tag longer than the inbox tables keep, on every database
+/// alike (instead of MySQL alone refusing each of its messages).
+fn check_lengths<DB: Backend>(route: &dyn Route<DB>) -> Result<(), BuildError> {
+    let (name, message_type) = (route.name(), route.message_type());
+    let chars = name.chars().count();
+    if chars > MAX_HANDLER_CHARS {
+        return Err(BuildError::HandlerNameTooLong { name, chars });
+    }
+    let chars = message_type.chars().count();
+    if chars > MAX_TYPE_CHARS {
+        return Err(BuildError::MessageTypeTooLong {
+            message_type,
+            chars,
+        });
+    }
+    Ok(())
 }
 
 /// A strict handler's name and gap timeout.
@@ -74,6 +122,7 @@ impl<DB: Backend> Registry<DB> {
         let mut by_name: HashMap<&'static str, &'static str> = HashMap::new();
         let mut by_type: HashMap<&'static str, Vec<Arc<dyn Route<DB>>>> = HashMap::new();
         for route in routes {
+            check_lengths(route.as_ref())?;
             if let Some(first) = by_name.insert(route.name(), route.message_type()) {
                 return Err(BuildError::DuplicateHandler {
                     name: route.name(),

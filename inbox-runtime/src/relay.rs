@@ -191,7 +191,8 @@ impl<DB: Backend, S: Sink> Relay<DB, S> {
         self
     }
 
-    /// How long published messages are kept before the relay deletes them.
+    /// How long published messages are kept before the relay deletes them. A running relay
+    /// looks for such messages hourly, or once per window when the window is shorter.
     pub fn retention(mut self, window: Duration) -> Self {
         self.retention = window;
         self
@@ -418,7 +419,8 @@ impl Housekeeping {
                 Err(error) => tracing::warn!(%error, "could not count the outbox backlog"),
             }
         }
-        if self.purging || due(&mut self.purged, Self::PURGE_EVERY) {
+        let every = relay.retention.min(Self::PURGE_EVERY);
+        if self.purging || due(&mut self.purged, every) {
             let window = i64::try_from(relay.retention.as_millis()).unwrap_or(i64::MAX);
             let before = now_ms().saturating_sub(window);
             self.purging = match rows::purge(&relay.pool, before, Self::PURGE_BATCH).await {

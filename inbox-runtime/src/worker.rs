@@ -9,14 +9,14 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use inbox_core::{Backend, Envelope, Error, Outcome};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::inbox::{RunError, RunReport, Shared, UnknownTypes, unrecorded};
+use crate::inbox::{RunError, RunReport, Shared, UnknownTypes};
 use crate::keep_alive::{Held, Keeper};
 use crate::route::{Handled, Job};
 use crate::schedule::{Busy, Scheduler, Serial};
@@ -90,8 +90,7 @@ pub(crate) async fn run<DB: Backend, S: Source>(
 ) -> Result<RunReport, RunError> {
     let mut report = RunReport::default();
     shared.source.started();
-    let consuming_since = Instant::now();
-    let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared), consuming_since);
+    let (stop_sweeping, sweeper) = spawn_sweeper(Arc::clone(&shared));
     let (stop_purging, purger) = spawn_purger(Arc::clone(&shared));
     let capacity = shared.workers * QUEUE_PER_WORKER.max(2 * shared.batch.size());
     let scheduler = Arc::new(Scheduler::new(shared.workers, capacity));
@@ -155,7 +154,6 @@ impl<T> Drop for CloseOnDrop<T> {
 /// released and expired.
 fn spawn_sweeper<DB: Backend>(
     shared: Arc<Shared<DB>>,
-    consuming_since: Instant,
 ) -> (oneshot::Sender<()>, JoinHandle<RunReport>) {
     let (stop, mut stopped) = oneshot::channel::<()>();
     let sweeper = tokio::spawn(async move {
@@ -163,7 +161,7 @@ fn spawn_sweeper<DB: Backend>(
         let mut report = RunReport::default();
         loop {
             // A sweep runs to its end, so a run ends after its first sweep, however short it is.
-            sweep(&shared, &mut report, consuming_since).await;
+            sweep(&shared, &mut report).await;
             tokio::select! {
                 _ = &mut stopped => return report,
                 () = tokio::time::sleep(period) => {}
@@ -177,9 +175,10 @@ fn spawn_sweeper<DB: Backend>(
 /// earlier), retries the failed messages whose retry is due (requested replays among them), marks
 /// dead the parked messages whose gap outlived its timeout, and updates the backlog gauges.
 ///
-/// A gap's age counts only time this run has been consuming: after downtime every gap looks
-/// overdue, though the missing message may be waiting in the source's backlog.
-async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport, consuming_since: Instant) {
+/// A gap's age counts only time this run has been consuming since it started or its source last
+/// failed: after downtime or an outage of the source every gap looks overdue, though the missing
+/// message may be waiting in the source's backlog.
+async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport) {
     match shared.resume().await {
         Ok(released) => report.add(Outcome::Released, u64::from(released)),
         Err(error) => tracing::warn!(%error, "could not release parked messages"),
@@ -188,7 +187,7 @@ async fn sweep<DB: Backend>(shared: &Shared<DB>, report: &mut RunReport, consumi
         Ok(replayed) => report.replayed += u64::from(replayed),
         Err(error) => tracing::warn!(%error, "could not retry the due messages"),
     }
-    match shared.expire_gaps(consuming_since.elapsed()).await {
+    match shared.expire_gaps(shared.source.consuming_for()).await {
         Ok(gaps) => {
             report.gap_expired += gaps
                 .iter()
@@ -264,8 +263,9 @@ async fn route<DB: Backend, S: Source>(
                 tokio::select! {
                     biased;
                     () = &mut shutdown => return Ok(()),
-                    () = tokio::time::sleep(delay) => continue,
+                    () = tokio::time::sleep(delay) => shared.source.asking_again(),
                 }
+                continue;
             }
         };
         source_errors = 0;
@@ -531,7 +531,7 @@ fn put_back_unhandled<DB: Backend>(
         return Some((result, tried));
     };
     let limit_reached = tried.attempt >= UNHANDLED_LIMIT && !error.is_unreachable();
-    if !unrecorded(error) || limit_reached {
+    if !error.is_unrecorded() || limit_reached {
         return Some((result, tried));
     }
     if scheduler.is_closed() {

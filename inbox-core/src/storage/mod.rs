@@ -65,6 +65,11 @@ pub trait Backend:
     /// and its workers begin their own.
     const ONE_WRITER: bool = false;
 
+    /// A setting the guard is written for that persists in the database, applied by
+    /// [`migrate`](schema::migrate) before the migrations (SQLite: write-ahead logging, so
+    /// readers and the one writer do not block each other); `None` where there is none.
+    const DATABASE_SETTING: Option<&'static str> = None;
+
     /// The database's statements.
     const SQL: Statements;
 

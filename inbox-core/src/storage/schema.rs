@@ -14,8 +14,14 @@ pub(super) const CHECK_SCHEMA: &str = "SELECT m.payload, m.headers, m.error_text
     inbox_actions a, inbox_conflicts c WHERE 1 = 0";
 
 /// Applies the inbox schema migrations that have not run yet, recorded in
-/// [`MIGRATIONS_TABLE`].
+/// [`MIGRATIONS_TABLE`]; first, the setting the database keeps for the guard
+/// ([`Backend::DATABASE_SETTING`]: SQLite's write-ahead log, whatever options the pool was made
+/// with).
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), MigrateError> {
+    if let Some(setting) = DB::DATABASE_SETTING {
+        let mut conn = pool.acquire().await?;
+        sql::execute::<DB>(&mut conn, setting, &[]).await?;
+    }
     let embedded = DB::migrations();
     let mut migrator = Migrator::with_migrations(embedded.migrations.to_vec());
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);

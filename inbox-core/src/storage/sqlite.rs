@@ -205,6 +205,7 @@ impl<'t> DatabaseHandle<'t, Sqlite> for sqlx::SqliteConnection {
 impl Backend for Sqlite {
     const DEFAULT_WORKERS: usize = 1;
     const ONE_WRITER: bool = true;
+    const DATABASE_SETTING: Option<&'static str> = Some("PRAGMA journal_mode = WAL");
     const SQL: Statements = SQL;
 
     const BEGIN: &'static str = "BEGIN IMMEDIATE";

@@ -101,14 +101,26 @@ pub struct HeaderNames {
 
 impl HeaderNames {
     /// The headers `envelope` is published with: its own, then its type tag and id under these
-    /// names.
+    /// names. An own header of one of these names (an envelope forwarded as it came, with the
+    /// id it had upstream) is left out: the envelope's id and type are the ones sent.
+    ///
+    /// ```
+    /// use inbox_core::Envelope;
+    /// use inbox_runtime::HeaderNames;
+    ///
+    /// let forwarded = Envelope::new("order.paid", "outbox-7", b"{}").with_header("ce-id", "upstream-1");
+    /// let names = HeaderNames::default();
+    /// let headers: Vec<_> = names.of(&forwarded).collect();
+    /// assert_eq!(headers, [("ce-type", "order.paid"), ("ce-id", "outbox-7")]);
+    /// ```
     pub fn of<'a>(&'a self, envelope: &'a Envelope) -> impl Iterator<Item = (&'a str, &'a str)> {
-        let own = envelope.headers().iter();
         let tagged = [
             (self.message_type.as_str(), envelope.message_type()),
             (self.message_id.as_str(), envelope.id()),
         ];
+        let own = envelope.headers().iter();
         own.map(|(name, value)| (name.as_str(), value.as_str()))
+            .filter(move |(name, _)| tagged.iter().all(|(tag, _)| name != tag))
             .chain(tagged)
     }
 }
