@@ -10,7 +10,8 @@
 //! has exactly one invoice and one published `InvoiceIssued`, and prints a verdict.
 //!
 //! `cargo run --example outbox` uses an embedded SQLite file; on PostgreSQL:
-//! `DATABASE_URL=postgres://user@host/db cargo run --example outbox`.
+//! `DATABASE_URL=postgres://user@host/db cargo run --example outbox`; on MySQL or MariaDB:
+//! `DATABASE_URL=mysql://user@host/db cargo run --features mysql --example outbox`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::error::Error;
@@ -43,9 +44,25 @@ struct InvoiceIssued {
     amount: i64,
 }
 
-/// Billing writes the invoice and publishes that it did, in one transaction.
-const INSERT_INVOICE: &str =
-    "INSERT INTO outbox_invoices (invoice_id, order_id, amount) VALUES ($1, $2, $3)";
+/// The example's writes in a database's placeholders: an order, and the invoice billing writes
+/// in the transaction that publishes it.
+struct ExampleSql {
+    order: &'static str,
+    invoice: &'static str,
+}
+
+/// PostgreSQL's and SQLite's placeholders.
+const STANDARD_SQL: ExampleSql = ExampleSql {
+    order: "INSERT INTO outbox_orders (order_id, amount) VALUES ($1, $2)",
+    invoice: "INSERT INTO outbox_invoices (invoice_id, order_id, amount) VALUES ($1, $2, $3)",
+};
+
+/// MySQL's and MariaDB's placeholders.
+#[cfg(feature = "mysql")]
+const MYSQL_SQL: ExampleSql = ExampleSql {
+    order: "INSERT INTO outbox_orders (order_id, amount) VALUES (?, ?)",
+    invoice: "INSERT INTO outbox_invoices (invoice_id, order_id, amount) VALUES (?, ?, ?)",
+};
 
 fn invoice_for(placed: &OrderPlaced) -> InvoiceIssued {
     InvoiceIssued {
@@ -61,7 +78,7 @@ async fn bill_sqlite(
     placed: OrderPlaced,
 ) -> Result<(), HandlerError> {
     let invoice = invoice_for(&placed);
-    let insert = sqlx::query(INSERT_INVOICE)
+    let insert = sqlx::query(STANDARD_SQL.invoice)
         .bind(&invoice.invoice_id)
         .bind(&invoice.order_id);
     insert.bind(invoice.amount).execute(&mut **ctx).await?;
@@ -75,7 +92,22 @@ async fn bill_postgres(
     placed: OrderPlaced,
 ) -> Result<(), HandlerError> {
     let invoice = invoice_for(&placed);
-    let insert = sqlx::query(INSERT_INVOICE)
+    let insert = sqlx::query(STANDARD_SQL.invoice)
+        .bind(&invoice.invoice_id)
+        .bind(&invoice.order_id);
+    insert.bind(invoice.amount).execute(&mut **ctx).await?;
+    ctx.publish(&invoice).await?;
+    Ok(())
+}
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(key = "order_id")]
+async fn bill_mysql(
+    ctx: &mut Context<'_, sqlx::MySql>,
+    placed: OrderPlaced,
+) -> Result<(), HandlerError> {
+    let invoice = invoice_for(&placed);
+    let insert = sqlx::query(MYSQL_SQL.invoice)
         .bind(&invoice.invoice_id)
         .bind(&invoice.order_id);
     insert.bind(invoice.amount).execute(&mut **ctx).await?;
@@ -149,15 +181,34 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| fresh_sqlite_file());
     let ok = if url.starts_with("postgres") {
         let connect = || sqlx::PgPool::connect(&url);
-        run::<Postgres, _>([connect().await?, connect().await?], bill_postgres).await?
+        let pools = [connect().await?, connect().await?];
+        run::<Postgres, _>(pools, &STANDARD_SQL, bill_postgres).await?
     } else if url.starts_with("sqlite:") {
         let connect =
             || sqlx::SqlitePool::connect_with(inbox::sqlite_options(&url).expect("a SQLite URL"));
-        run::<Sqlite, _>([connect().await?, connect().await?], bill_sqlite).await?
+        let pools = [connect().await?, connect().await?];
+        run::<Sqlite, _>(pools, &STANDARD_SQL, bill_sqlite).await?
+    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        run_mysql(&url.replacen("mariadb:", "mysql:", 1)).await?
     } else {
-        return Err(format!("unsupported DATABASE_URL `{url}` (postgres:// or sqlite://)").into());
+        let expected = "postgres://, mysql:// or sqlite://";
+        return Err(format!("unsupported DATABASE_URL `{url}` ({expected})").into());
     };
     std::process::exit(if ok { 0 } else { 1 })
+}
+
+/// The example on MySQL or MariaDB.
+#[cfg(feature = "mysql")]
+async fn run_mysql(url: &str) -> Result<bool, Box<dyn Error + Send + Sync>> {
+    let connect = || sqlx::MySqlPool::connect(url);
+    let pools = [connect().await?, connect().await?];
+    run::<sqlx::MySql, _>(pools, &MYSQL_SQL, bill_mysql).await
+}
+
+/// Without the `mysql` feature, says how to turn it on.
+#[cfg(not(feature = "mysql"))]
+async fn run_mysql(_: &str) -> Result<bool, Box<dyn Error + Send + Sync>> {
+    Err("MySQL needs the `mysql` feature: cargo run --features mysql --example outbox".into())
 }
 
 /// The default database: a SQLite file in the temp directory, deleted so every run starts fresh.
@@ -172,7 +223,11 @@ fn fresh_sqlite_file() -> String {
 
 /// Runs both services and both relays on `pools` (two, as two processes would have), kills a
 /// relay once, and checks the outcome.
-async fn run<DB, H>(pools: [Pool<DB>; 2], bill: H) -> Result<bool, Box<dyn Error + Send + Sync>>
+async fn run<DB, H>(
+    pools: [Pool<DB>; 2],
+    sql: &ExampleSql,
+    bill: H,
+) -> Result<bool, Box<dyn Error + Send + Sync>>
 where
     DB: Backend,
     H: Handler<DB>,
@@ -234,7 +289,7 @@ where
         async move { billing.run_until(source, until_stopped(stopped)).await }
     });
 
-    place_orders(&pool).await?;
+    place_orders(&pool, sql.order).await?;
     let kill = tokio::time::timeout(
         Duration::from_secs(60),
         was_killed.wait_for(|killed| *killed),
@@ -259,7 +314,10 @@ where
 }
 
 /// The orders service: each order and its event in one transaction.
-async fn place_orders<DB>(pool: &Pool<DB>) -> Result<(), Box<dyn Error + Send + Sync>>
+async fn place_orders<DB>(
+    pool: &Pool<DB>,
+    insert_order: &'static str,
+) -> Result<(), Box<dyn Error + Send + Sync>>
 where
     DB: Backend,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -275,7 +333,7 @@ where
         // `Backend::begin`: on SQLite `BEGIN IMMEDIATE`, so that a writer waits for the write
         // lock rather than failing on a snapshot the relays' commits made stale.
         let mut tx = DB::begin(pool).await?;
-        sqlx::query("INSERT INTO outbox_orders (order_id, amount) VALUES ($1, $2)")
+        sqlx::query(insert_order)
             .bind(placed.order_id.clone())
             .bind(placed.amount)
             .execute(&mut *tx)
