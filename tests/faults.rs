@@ -613,3 +613,67 @@ mod postgres_store_retry {
         );
     }
 }
+
+/// A handler stuck in a statement the server is running (a lock wait, a `pg_sleep`) past its
+/// attempt timeout: the server ends the statement, so the failure is recorded at once and the
+/// aggregate's stream lock is let go, instead of both waiting for as long as the statement lasts.
+mod postgres_stuck_statement {
+    use std::time::{Duration, Instant};
+
+    use inbox::prelude::*;
+
+    use crate::common::ledger::Credited;
+
+    crate::common::queries::ledger_queries!(sqlx::Postgres, crate::common::postgres);
+
+    /// Sleeps in the server for half a minute on the first message of an account.
+    #[inbox_handler(key = "event_id", sequence = "sequence", aggregate = "account")]
+    async fn sleeps_in_the_server(
+        ctx: &mut Context<'_, sqlx::Postgres>,
+        msg: Credited,
+    ) -> Result<(), HandlerError> {
+        if msg.sequence == 1 {
+            let sleep = "SELECT pg_sleep(30)";
+            sqlx::query(sleep).execute(&mut **ctx.transaction()).await?;
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_statement_past_the_attempt_timeout_is_ended_by_the_server() {
+        let Some(pool) = ledger("stuck_statement").await else {
+            return;
+        };
+        let policy = RetryPolicy::new(3).attempt_timeout(Duration::from_secs(1));
+        let inbox = Inbox::builder(pool.clone())
+            .retry(policy)
+            .handler(sleeps_in_the_server)
+            .build()
+            .await
+            .unwrap();
+        let first = Credited::new("e-1", "acct-1", 1, 1);
+        let started = Instant::now();
+
+        let error = inbox
+            .dispatch(Envelope::encode("d-1", &first).unwrap())
+            .await
+            .unwrap_err();
+
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "the statement ran on for {took:?}"
+        );
+        assert!(matches!(error, inbox::Error::Handler { .. }), "{error}");
+        let second = Credited::new("e-2", "acct-1", 2, 1);
+        let next = inbox
+            .dispatch(Envelope::encode("d-2", &second).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            next[0].outcome,
+            Outcome::Processed,
+            "the stream lock was let go"
+        );
+    }
+}

@@ -115,10 +115,15 @@ pub enum Abandoned {
 }
 
 impl<'c, DB: Backend> Batch<'c, DB> {
-    /// Begins a batch on `connection`, at the isolation the guard is written for.
-    pub async fn begin<C: Connect<DB> + ?Sized>(connection: &'c mut C) -> Result<Self, Error> {
+    /// Begins a batch on `connection`, at the isolation the guard is written for, each of its
+    /// statements bounded by `timeout` where the database can bound them (the longest attempt
+    /// timeout of its handlers: see [`Backend::begin_within`]).
+    pub async fn begin<C: Connect<DB> + ?Sized>(
+        connection: &'c mut C,
+        timeout: std::time::Duration,
+    ) -> Result<Self, Error> {
         Ok(Self {
-            tx: connection.begin().await?,
+            tx: connection.begin(timeout).await?,
             handled: false,
         })
     }

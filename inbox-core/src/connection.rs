@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::{Pool, Transaction};
+use sqlx::{Connection, Pool, Transaction};
 
 use crate::storage::Backend;
 
@@ -18,8 +18,12 @@ pub trait Connect<DB: Backend>: Send {
     /// The pool, for what runs apart from the guarded transactions (releasing parked successors).
     fn pool(&self) -> &Pool<DB>;
 
-    /// Begins a guarded transaction.
-    fn begin(&mut self) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>>;
+    /// Begins a guarded transaction whose statements each end within `timeout` where the
+    /// database can bound them ([`Backend::begin_within`]).
+    fn begin(
+        &mut self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>>;
 }
 
 impl<DB: Backend> Connect<DB> for Pool<DB> {
@@ -27,9 +31,12 @@ impl<DB: Backend> Connect<DB> for Pool<DB> {
         self
     }
 
-    fn begin(&mut self) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>> {
+    fn begin(
+        &mut self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>> {
         Box::pin(async move {
-            let tx: Transaction<'_, DB> = DB::begin(self).await?;
+            let tx: Transaction<'_, DB> = self.begin_with(DB::begin_within(timeout)).await?;
             Ok(tx)
         })
     }
@@ -45,15 +52,16 @@ impl<DB: Backend> Connect<DB> for Pool<DB> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), sqlx::Error> {
+/// use std::time::Duration;
 /// use inbox_core::{Connect, KeptConnection};
 ///
 /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
 /// let mut connection = KeptConnection::new(pool);
 /// // A temporary table lives as long as its connection: the second transaction sees it.
-/// let mut tx = connection.begin().await?;
+/// let mut tx = connection.begin(Duration::from_secs(60)).await?;
 /// sqlx::query("CREATE TEMP TABLE seen (n INTEGER)").execute(&mut *tx).await?;
 /// tx.commit().await?;
-/// let mut tx = connection.begin().await?;
+/// let mut tx = connection.begin(Duration::from_secs(60)).await?;
 /// sqlx::query("SELECT n FROM seen").fetch_all(&mut *tx).await?;
 /// tx.commit().await?;
 /// # Ok(()) }
@@ -99,7 +107,10 @@ impl<DB: Backend> Connect<DB> for KeptConnection<DB> {
         &self.pool
     }
 
-    fn begin(&mut self) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>> {
+    fn begin(
+        &mut self,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>> {
         Box::pin(async move {
             let Self {
                 pool,
@@ -123,7 +134,7 @@ impl<DB: Backend> Connect<DB> for KeptConnection<DB> {
             };
             let kept = connection.insert(kept);
             kept.used = Instant::now();
-            let begun = DB::begin_on(&mut kept.connection).await;
+            let begun = kept.connection.begin_with(DB::begin_within(timeout)).await;
             *broken = begun.is_err();
             begun
         })

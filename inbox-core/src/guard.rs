@@ -169,7 +169,7 @@ async fn guard<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     delivery.identity.check_ordering(handler.ordering())?;
     let payload_hash = content_hash(delivery.payload);
     let claim = claim_of(handler, delivery, &payload_hash);
-    let tx = connection.begin().await?;
+    let tx = connection.begin(delivery.retry.timeout()).await?;
     let found = Found::default();
     let attempted = attempt(
         tx,
@@ -500,7 +500,7 @@ async fn record_failure<DB: Backend, C: Connect<DB> + ?Sized>(
 ) -> Result<Outcome, Error> {
     let key = claim.key();
     let recorded = async {
-        let mut tx = connection.begin().await?;
+        let mut tx = connection.begin(retry.timeout()).await?;
         let Some(failed) = messages::record_failure(&mut tx, claim, failure).await? else {
             return Ok(Recorded::Superseded(superseded(tx, claim, failure).await?));
         };

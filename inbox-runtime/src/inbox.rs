@@ -771,7 +771,11 @@ impl<DB: Backend> Shared<DB> {
         connection: &mut dyn Connect<DB>,
         jobs: &mut [(usize, JobOf<'_, DB>)],
     ) -> Result<Vec<Staged>, (usize, Abandoned)> {
-        let begun = inbox_core::batch::Batch::begin(connection).await;
+        let timeout = jobs
+            .iter()
+            .map(|(_, (job, _))| self.retry.of(job.handler()).timeout());
+        let timeout = timeout.max().unwrap_or(inbox_core::DEFAULT_ATTEMPT_TIMEOUT);
+        let begun = inbox_core::batch::Batch::begin(connection, timeout).await;
         let mut batch = begun.map_err(|_| (0, Abandoned::Refused))?;
         let entries: Vec<_> = jobs.iter().map(|(_, (job, env))| job.entry(env)).collect();
         let claimed = batch.claim(&self.consumer, &entries).await;

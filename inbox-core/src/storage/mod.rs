@@ -89,6 +89,16 @@ pub trait Backend:
         pool.begin_with(Self::BEGIN)
     }
 
+    /// The statement that begins a guarded transaction whose handler has `timeout` to finish:
+    /// [`Backend::BEGIN`], and where the database can bound every statement (PostgreSQL:
+    /// `SET LOCAL statement_timeout`, in the same round trip), that bound. A handler stuck in a
+    /// statement past its attempt (a lock wait, a `pg_sleep`) is then ended by the server, and
+    /// lets go of the stream lock, instead of holding it for as long as the statement lasts.
+    fn begin_within(timeout: std::time::Duration) -> sqlx::SqlStr {
+        let _ = timeout;
+        sqlx::SqlSafeStr::into_sql_str(Self::BEGIN)
+    }
+
     /// Begins a guarded transaction on `connection`, which stays the caller's once it ends.
     fn begin_on(
         connection: &mut Self::Connection,

@@ -615,6 +615,14 @@ impl Backend for Postgres {
 
     const BEGIN: &'static str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
+    /// `BEGIN`, then `SET LOCAL statement_timeout` to `timeout` (in whole milliseconds, at least
+    /// one: zero would turn the bound off), as one simple query.
+    fn begin_within(timeout: std::time::Duration) -> sqlx::SqlStr {
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+        let statement = format!("{}; SET LOCAL statement_timeout = {ms}", Self::BEGIN);
+        sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(statement))
+    }
+
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
     }
