@@ -632,11 +632,39 @@ mod postgres_stuck_statement {
         ctx: &mut Context<'_, sqlx::Postgres>,
         msg: Credited,
     ) -> Result<(), HandlerError> {
-        if msg.sequence == 1 {
+        sleep_on(ctx, &msg, 1).await
+    }
+
+    /// Under strict ordering, sleeps in the server for half a minute on an account's second
+    /// message, which waits parked for the first and is released after it.
+    #[inbox_handler(
+        key = "event_id",
+        sequence = "sequence",
+        aggregate = "account",
+        ordering = "strict"
+    )]
+    async fn released_sleeps_in_the_server(
+        ctx: &mut Context<'_, sqlx::Postgres>,
+        msg: Credited,
+    ) -> Result<(), HandlerError> {
+        sleep_on(ctx, &msg, 2).await
+    }
+
+    async fn sleep_on(
+        ctx: &mut Context<'_, sqlx::Postgres>,
+        msg: &Credited,
+        sequence: i64,
+    ) -> Result<(), HandlerError> {
+        if msg.sequence == sequence {
             let sleep = "SELECT pg_sleep(30)";
             sqlx::query(sleep).execute(&mut **ctx.transaction()).await?;
         }
         Ok(())
+    }
+
+    /// The attempt timeout the tests give their handlers.
+    fn one_second() -> RetryPolicy {
+        RetryPolicy::new(3).attempt_timeout(Duration::from_secs(1))
     }
 
     #[tokio::test]
@@ -644,9 +672,8 @@ mod postgres_stuck_statement {
         let Some(pool) = ledger("stuck_statement").await else {
             return;
         };
-        let policy = RetryPolicy::new(3).attempt_timeout(Duration::from_secs(1));
         let inbox = Inbox::builder(pool.clone())
-            .retry(policy)
+            .retry(one_second())
             .handler(sleeps_in_the_server)
             .build()
             .await
@@ -675,5 +702,43 @@ mod postgres_stuck_statement {
             Outcome::Processed,
             "the stream lock was let go"
         );
+    }
+
+    #[tokio::test]
+    async fn a_released_message_past_the_attempt_timeout_is_ended_by_the_server() {
+        let Some(pool) = ledger("stuck_release").await else {
+            return;
+        };
+        let inbox = Inbox::builder(pool.clone())
+            .retry(one_second())
+            .handler(released_sleeps_in_the_server)
+            .build()
+            .await
+            .unwrap();
+        let second = Credited::new("e-2", "acct-1", 2, 1);
+        inbox
+            .dispatch(Envelope::encode("d-2", &second).unwrap())
+            .await
+            .unwrap();
+        let first = Credited::new("e-1", "acct-1", 1, 1);
+        let started = Instant::now();
+
+        let handled = inbox
+            .dispatch(Envelope::encode("d-1", &first).unwrap())
+            .await
+            .unwrap();
+
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "the released message's statement ran on for {took:?}"
+        );
+        assert_eq!(
+            (handled[0].outcome, handled[0].released),
+            (Outcome::Processed, 0)
+        );
+        let failed = "SELECT status FROM inbox_messages WHERE message_id = 'e-2'";
+        let status: String = sqlx::query_scalar(failed).fetch_one(&pool).await.unwrap();
+        assert_eq!(status, "failed", "its failure is recorded, to be retried");
     }
 }

@@ -509,6 +509,25 @@ macro_rules! hardening_suite {
             assert_eq!(next[0].outcome, Outcome::Processed, "the aggregate's lock was let go");
         }
 
+        /// An error that says a connection was lost, while the inbox's own connection answers
+        /// (a second pool closed, a `dblink` to a server that is down), is the handler's failure:
+        /// recorded and retried within the policy, not handed back without end.
+        #[tokio::test]
+        async fn a_lost_connection_that_is_not_the_inboxs_is_the_handlers_failure() {
+            let Some(pool) = database("lost_elsewhere").await else { return };
+            #[inbox_handler(key = "id", name = "elsewhere")]
+            async fn elsewhere(_payment: Payment) -> Result<(), HandlerError> {
+                Err(sqlx::Error::PoolClosed.into())
+            }
+            let inbox = builder(&pool).retry(quick(3)).handler(elsewhere).build().await.unwrap();
+
+            let error = inbox.dispatch(&envelope("p-1", &payment("p-1", "o-1", 1, "ok"))).await.unwrap_err();
+
+            assert!(matches!(error, Error::Handler { attempt: 1, retry_after: Some(_), .. }), "{error}");
+            assert!(error.to_string().contains("closed pool"), "{error}");
+            assert_eq!(row(&pool, "elsewhere", "p-1").await.unwrap().0, "failed");
+        }
+
         #[tokio::test]
         async fn a_long_release_chain_stops_to_let_the_delivery_settle_and_a_sweep_finishes_it() {
             let Some(pool) = database("bounded_chain").await else { return };

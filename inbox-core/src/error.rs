@@ -346,6 +346,19 @@ impl HandlerError {
         &*self.inner
     }
 
+    /// This failure, from a handler whose transaction's connection is still there (it rolled
+    /// back): an error that says a connection was lost came from another one (a second pool, a
+    /// `dblink` to a server that is down), so it is the handler's failure like any other,
+    /// recorded and retried within the policy's attempts, and kept with its text.
+    pub(crate) fn charged_to_the_handler(self) -> Self {
+        match self.lost_connection() {
+            true => HandlerError::msg(format!(
+                "{self} (not the inbox's connection, which answers)"
+            )),
+            false => self,
+        }
+    }
+
     /// Whether the handler failed because its database connection was lost: a `sqlx` error in
     /// its chain of sources that says the connection broke, closed, or was ended by the server
     /// (PostgreSQL's SQLSTATE class 08 and 57P01-57P03, MySQL's 08 and killed connections).

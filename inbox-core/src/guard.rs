@@ -690,12 +690,13 @@ async fn run_handler<'c, DB: Backend, H: Handler<DB>>(
     };
     match handled {
         Ok(()) => Ok(tx),
-        Err(error) => {
-            if let Err(rollback) = tx.rollback().await {
+        Err(error) => match tx.rollback().await {
+            Ok(()) => Err(error.charged_to_the_handler()),
+            Err(rollback) => {
                 tracing::warn!(%rollback, "rollback after a handler error failed");
+                Err(error)
             }
-            Err(error)
-        }
+        },
     }
 }
 
@@ -887,7 +888,7 @@ async fn release_parked<DB: Backend, H: Handler<DB>>(
         handler: handler.name(),
         aggregate,
     };
-    let mut tx = DB::begin(pool).await?;
+    let mut tx = pool.begin_with(DB::begin_within(retry.timeout())).await?;
     let last = streams::lock(&mut tx, &stream).await?;
     let Some(parked) = streams::next_parked(&mut tx, &stream, last.saturating_add(1)).await? else {
         tx.rollback().await?;
