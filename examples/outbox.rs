@@ -64,12 +64,30 @@ const MYSQL_SQL: ExampleSql = ExampleSql {
     invoice: "INSERT INTO outbox_invoices (invoice_id, order_id, amount) VALUES (?, ?, ?)",
 };
 
-fn invoice_for(placed: &OrderPlaced) -> InvoiceIssued {
-    InvoiceIssued {
+/// Billing's work on any database, `insert` in its placeholders: writes the invoice and
+/// publishes that it did, in the guarded transaction.
+async fn bill<DB: Backend>(
+    ctx: &mut Context<'_, DB>,
+    placed: OrderPlaced,
+    insert: &'static str,
+) -> Result<(), HandlerError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+{
+    let invoice = InvoiceIssued {
         invoice_id: format!("inv-{}", placed.order_id),
-        order_id: placed.order_id.clone(),
+        order_id: placed.order_id,
         amount: placed.amount,
-    }
+    };
+    let insert = sqlx::query(insert)
+        .bind(invoice.invoice_id.clone())
+        .bind(invoice.order_id.clone());
+    insert.bind(invoice.amount).execute(&mut **ctx).await?;
+    ctx.publish(&invoice).await?;
+    Ok(())
 }
 
 #[inbox_handler(key = "order_id")]
@@ -77,13 +95,7 @@ async fn bill_sqlite(
     ctx: &mut Context<'_, Sqlite>,
     placed: OrderPlaced,
 ) -> Result<(), HandlerError> {
-    let invoice = invoice_for(&placed);
-    let insert = sqlx::query(STANDARD_SQL.invoice)
-        .bind(&invoice.invoice_id)
-        .bind(&invoice.order_id);
-    insert.bind(invoice.amount).execute(&mut **ctx).await?;
-    ctx.publish(&invoice).await?;
-    Ok(())
+    bill(ctx, placed, STANDARD_SQL.invoice).await
 }
 
 #[inbox_handler(key = "order_id")]
@@ -91,13 +103,7 @@ async fn bill_postgres(
     ctx: &mut Context<'_, Postgres>,
     placed: OrderPlaced,
 ) -> Result<(), HandlerError> {
-    let invoice = invoice_for(&placed);
-    let insert = sqlx::query(STANDARD_SQL.invoice)
-        .bind(&invoice.invoice_id)
-        .bind(&invoice.order_id);
-    insert.bind(invoice.amount).execute(&mut **ctx).await?;
-    ctx.publish(&invoice).await?;
-    Ok(())
+    bill(ctx, placed, STANDARD_SQL.invoice).await
 }
 
 #[cfg(feature = "mysql")]
@@ -106,13 +112,7 @@ async fn bill_mysql(
     ctx: &mut Context<'_, sqlx::MySql>,
     placed: OrderPlaced,
 ) -> Result<(), HandlerError> {
-    let invoice = invoice_for(&placed);
-    let insert = sqlx::query(MYSQL_SQL.invoice)
-        .bind(&invoice.invoice_id)
-        .bind(&invoice.order_id);
-    insert.bind(invoice.amount).execute(&mut **ctx).await?;
-    ctx.publish(&invoice).await?;
-    Ok(())
+    bill(ctx, placed, MYSQL_SQL.invoice).await
 }
 
 /// The example's tables, dropped and created at each run.

@@ -94,8 +94,7 @@ pub trait Backend:
     /// `SET LOCAL statement_timeout`, in the same round trip), that bound. A handler stuck in a
     /// statement past its attempt (a lock wait, a `pg_sleep`) is then ended by the server, and
     /// lets go of the stream lock, instead of holding it for as long as the statement lasts.
-    fn begin_within(timeout: std::time::Duration) -> sqlx::SqlStr {
-        let _ = timeout;
+    fn begin_within(_timeout: std::time::Duration) -> sqlx::SqlStr {
         sqlx::SqlSafeStr::into_sql_str(Self::BEGIN)
     }
 
