@@ -1,6 +1,7 @@
 //! The span of a handled message carries the OpenTelemetry messaging attributes and the inbox's
 //! own, including the attempt and the outcome once they are known; an unsafe retention window is
-//! a warning at startup.
+//! a warning at startup. The span tests run on every backend, one message per transaction and
+//! batched.
 
 mod common;
 
@@ -104,57 +105,6 @@ async fn a_retention_window_shorter_than_the_redelivery_horizon_warns_at_startup
     assert!(warnings[0].contains("shorter than the broker's redelivery horizon"));
 }
 
-#[tokio::test]
-async fn each_message_has_a_span_with_the_messaging_conventions() {
-    let pool = common::sqlite("tracing_span").await.unwrap();
-    let spans = Spans::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
-    let inbox = Inbox::builder(pool)
-        .consumer("billing")
-        .handler(paid)
-        .build()
-        .await
-        .unwrap();
-    let event = Paid {
-        event_id: "e-1".into(),
-        order: "o-7".into(),
-        sequence: 3,
-    };
-    let envelope = Envelope::encode("d-1", &event)
-        .unwrap()
-        .with_header("correlation-id", "c-42")
-        .with_header("destination", "orders");
-
-    inbox.dispatch(&envelope).await.unwrap();
-    inbox.dispatch(&envelope).await.unwrap();
-
-    let spans = spans.0.lock().unwrap().clone();
-    assert_eq!(spans.len(), 2, "{spans:?}");
-    let expected = [
-        ("messaging.operation.type", "process"),
-        ("messaging.message.id", "e-1"),
-        ("messaging.consumer.group.name", "billing"),
-        ("messaging.destination.name", "orders"),
-        ("messaging.message.conversation_id", "c-42"),
-        ("inbox.handler", "paid"),
-        ("inbox.message_type", "test.paid"),
-        ("inbox.aggregate", "o-7"),
-        ("inbox.sequence", "3"),
-        ("inbox.attempt", "1"),
-        ("inbox.outcome", "processed"),
-    ];
-    for (field, value) in expected {
-        assert_eq!(
-            spans[0].get(field).map(String::as_str),
-            Some(value),
-            "{field} in {:?}",
-            spans[0]
-        );
-    }
-    assert_eq!(spans[1]["inbox.outcome"], "duplicate");
-}
-
 #[inbox_handler(
     key = "event_id",
     sequence = "sequence",
@@ -166,53 +116,6 @@ async fn strictly_paid(_msg: Paid) -> Result<(), HandlerError> {
     Ok(())
 }
 
-/// A message released from parking, after its predecessor applied, has a span of its own: it
-/// runs after the predecessor's span has ended.
-#[tokio::test]
-async fn a_released_message_has_a_span_of_its_own() {
-    let pool = common::sqlite("tracing_released").await.unwrap();
-    let spans = Spans::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
-    let inbox = Inbox::builder(pool)
-        .handler(strictly_paid)
-        .build()
-        .await
-        .unwrap();
-    for (id, sequence) in [("e-2", 2), ("e-1", 1)] {
-        let event = Paid {
-            event_id: id.into(),
-            order: "o-7".into(),
-            sequence,
-        };
-        inbox
-            .dispatch(&Envelope::encode(id, &event).unwrap())
-            .await
-            .unwrap();
-    }
-
-    let spans = spans.0.lock().unwrap().clone();
-    let outcome = |id: &str| {
-        let of_id = |span: &&BTreeMap<String, String>| span["messaging.message.id"] == id;
-        let outcomes = spans
-            .iter()
-            .filter(of_id)
-            .map(|span| span["inbox.outcome"].as_str());
-        outcomes.collect::<Vec<_>>()
-    };
-    assert_eq!(outcome("e-2"), ["parked", "released"], "{spans:?}");
-    let released = spans
-        .iter()
-        .find(|span| span["inbox.outcome"] == "released");
-    let attempt = released.and_then(|span| span.get("inbox.attempt"));
-    assert_eq!(
-        attempt.map(String::as_str),
-        Some("1"),
-        "the handler ran in it"
-    );
-    assert_eq!(outcome("e-1"), ["processed"], "{spans:?}");
-}
-
 #[inbox_handler(key = "event_id", aggregate = "order", name = "picky")]
 async fn picky(msg: Paid) -> Result<(), HandlerError> {
     match msg.event_id.starts_with("bad") {
@@ -221,52 +124,166 @@ async fn picky(msg: Paid) -> Result<(), HandlerError> {
     }
 }
 
-/// A batch abandoned for one message's failure runs the messages before it again, in a batch of
-/// their own: each message still has one span, with its outcome, as one per transaction.
-#[tokio::test]
-async fn a_message_run_again_after_its_batch_was_abandoned_keeps_its_one_span() {
-    let pool = common::sqlite("tracing_abandoned_batch").await.unwrap();
-    let spans = Spans::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
-    let inbox = Inbox::builder(pool)
-        .workers(1)
-        .batch(inbox::Batch::new(8).linger(Duration::from_millis(300)))
-        .handler(picky)
-        .build()
-        .await
-        .unwrap();
-    let broker = inbox::MemoryBroker::new();
-    for (n, id) in ["a", "b", "bad", "c"].into_iter().enumerate() {
-        let event = Paid {
-            event_id: id.into(),
-            order: format!("o-{id}"),
-            sequence: 1,
-        };
-        broker.publish(Envelope::encode(format!("d-{n}"), &event).unwrap());
-    }
-    broker.close();
+/// The suite, once per backend and mode (`common::on_every_backend!`). The spans are recorded by a
+/// subscriber of the test's own thread, which runs the whole inbox (`#[tokio::test]`'s runtime).
+macro_rules! spans_suite {
+    ($db:ty, $conn:ty, $connect:path, $unmigrated:path, $batch:expr) => {
+        use std::collections::BTreeMap;
+        use std::time::Duration;
 
-    let report = inbox.run(broker.source()).await.unwrap();
+        use inbox::prelude::*;
+        use tracing_subscriber::layer::SubscriberExt;
 
-    let spans = spans.0.lock().unwrap().clone();
-    assert_eq!(
-        spans.len(),
-        4,
-        "one span per message: {spans:#?}\n{report:?}"
-    );
-    let outcomes: BTreeMap<&str, &str> = spans
-        .iter()
-        .map(|span| (&*span["messaging.message.id"], &*span["inbox.outcome"]))
-        .collect();
-    let expected = [
-        ("a", "processed"),
-        ("b", "processed"),
-        ("bad", "dead"),
-        ("c", "processed"),
-    ];
-    assert_eq!(outcomes, BTreeMap::from(expected));
+        use super::{Paid, Spans, paid, picky, strictly_paid};
+
+        /// A run of `inbox` over `envelopes`, in this order, and the spans it left.
+        async fn spans_of_run(
+            inbox: Inbox<$db>,
+            envelopes: impl IntoIterator<Item = Envelope>,
+        ) -> Vec<BTreeMap<String, String>> {
+            let spans = Spans::default();
+            let _guard = tracing::subscriber::set_default(
+                tracing_subscriber::registry().with(spans.clone()),
+            );
+            let broker = inbox::MemoryBroker::new();
+            for envelope in envelopes {
+                broker.publish(envelope);
+            }
+            broker.close();
+            inbox.run(broker.source()).await.unwrap();
+            spans.0.lock().unwrap().clone()
+        }
+
+        /// The suite's mode, a batch waiting long enough to take every delivery of a short run.
+        fn batch() -> Option<inbox::Batch> {
+            $batch.map(|batch: inbox::Batch| batch.linger(Duration::from_millis(300)))
+        }
+
+        fn paid_at(event_id: &str, sequence: i64) -> Envelope {
+            let event = Paid {
+                event_id: event_id.into(),
+                order: "o-7".into(),
+                sequence,
+            };
+            Envelope::encode(format!("d-{event_id}"), &event).unwrap()
+        }
+
+        #[tokio::test]
+        async fn each_message_has_a_span_with_the_messaging_conventions() {
+            let Some(pool) = $connect("tracing_span").await else {
+                return;
+            };
+            let inbox = crate::common::builder(&pool, batch())
+                .consumer("billing")
+                .handler(paid)
+                .build()
+                .await
+                .unwrap();
+            let envelope = paid_at("e-1", 3)
+                .with_header("correlation-id", "c-42")
+                .with_header("destination", "orders");
+
+            let spans = spans_of_run(inbox, [envelope.clone(), envelope]).await;
+
+            assert_eq!(spans.len(), 2, "{spans:?}");
+            let expected = [
+                ("messaging.operation.type", "process"),
+                ("messaging.message.id", "e-1"),
+                ("messaging.consumer.group.name", "billing"),
+                ("messaging.destination.name", "orders"),
+                ("messaging.message.conversation_id", "c-42"),
+                ("inbox.handler", "paid"),
+                ("inbox.message_type", "test.paid"),
+                ("inbox.aggregate", "o-7"),
+                ("inbox.sequence", "3"),
+                ("inbox.attempt", "1"),
+                ("inbox.outcome", "processed"),
+            ];
+            for (field, value) in expected {
+                let recorded = spans[0].get(field).map(String::as_str);
+                assert_eq!(recorded, Some(value), "{field} in {:?}", spans[0]);
+            }
+            assert_eq!(spans[1]["inbox.outcome"], "duplicate");
+        }
+
+        /// A message released from parking, after its predecessor applied, has a span of its
+        /// own: it runs after the predecessor's span has ended.
+        #[tokio::test]
+        async fn a_released_message_has_a_span_of_its_own() {
+            let Some(pool) = $connect("tracing_released").await else {
+                return;
+            };
+            let inbox = crate::common::builder(&pool, batch())
+                .handler(strictly_paid)
+                .build()
+                .await
+                .unwrap();
+
+            let spans = spans_of_run(inbox, [paid_at("e-2", 2), paid_at("e-1", 1)]).await;
+
+            let outcome = |id: &str| {
+                let of_id = |span: &&BTreeMap<String, String>| span["messaging.message.id"] == id;
+                let outcomes = spans
+                    .iter()
+                    .filter(of_id)
+                    .map(|span| span["inbox.outcome"].as_str());
+                outcomes.collect::<Vec<_>>()
+            };
+            assert_eq!(outcome("e-2"), ["parked", "released"], "{spans:?}");
+            let released = spans
+                .iter()
+                .find(|span| span["inbox.outcome"] == "released");
+            let attempt = released.and_then(|span| span.get("inbox.attempt"));
+            assert_eq!(
+                attempt.map(String::as_str),
+                Some("1"),
+                "the handler ran in it"
+            );
+            assert_eq!(outcome("e-1"), ["processed"], "{spans:?}");
+        }
+
+        /// Each message has one span with its outcome. In batched mode, a batch abandoned for
+        /// one message's failure runs the messages before it again, in a batch of their own, and
+        /// they keep their one span each.
+        #[tokio::test]
+        async fn a_message_run_again_after_its_batch_was_abandoned_keeps_its_one_span() {
+            let Some(pool) = $connect("tracing_abandoned_batch").await else {
+                return;
+            };
+            let inbox = crate::common::builder(&pool, batch())
+                .workers(1)
+                .handler(picky)
+                .build()
+                .await
+                .unwrap();
+            let envelopes = ["a", "b", "bad", "c"].map(|id| {
+                let event = Paid {
+                    event_id: id.into(),
+                    order: format!("o-{id}"),
+                    sequence: 1,
+                };
+                Envelope::encode(format!("d-{id}"), &event).unwrap()
+            });
+
+            let spans = spans_of_run(inbox, envelopes).await;
+
+            assert_eq!(spans.len(), 4, "one span per message: {spans:#?}");
+            let outcomes: BTreeMap<&str, &str> = spans
+                .iter()
+                .map(|span| (&*span["messaging.message.id"], &*span["inbox.outcome"]))
+                .collect();
+            let expected = [
+                ("a", "processed"),
+                ("b", "processed"),
+                ("bad", "dead"),
+                ("c", "processed"),
+            ];
+            assert_eq!(outcomes, BTreeMap::from(expected));
+        }
+    };
 }
+
+common::on_every_backend!(spans_suite, batched);
 
 /// The SQL of every statement sqlx ran, in order.
 #[derive(Clone, Default)]
