@@ -455,3 +455,54 @@ async fn a_consumer_whose_connections_are_cut_loses_nothing() {
     assert_eq!(count(&pool, "applied").await, 40, "{report:?}");
     assert_eq!(balance(&pool, "acct-0").await, 10);
 }
+
+/// A run stopped while its claim waits on the database takes what that claim claimed once it
+/// answers, and hands it back: the row is claimable again at once, not after its visibility
+/// timeout.
+#[tokio::test]
+async fn a_claim_in_flight_when_the_run_stops_is_handed_back_at_once() {
+    let Some(pool) = ledger("queue_claim_at_stop").await else {
+        return;
+    };
+    enqueue_all(&pool, "billing", &[Credited::new("e-1", "acct", 1, 1)]).await;
+    let inbox = Inbox::builder(pool.clone())
+        .handler(credit)
+        .build()
+        .await
+        .unwrap();
+    let source = consumer(&pool, "billing", Duration::from_secs(30)).await;
+    let mut locked = pool.begin().await.unwrap();
+    let lock = "LOCK TABLE inbox_queue IN ACCESS EXCLUSIVE MODE";
+    sqlx::query(lock).execute(&mut *locked).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopping = async {
+        let _ = stopped.await;
+    };
+    let running = tokio::spawn(async move { inbox.run_until(source, stopping).await });
+    let waiting =
+        "SELECT COUNT(*) FROM pg_locks WHERE relation = 'inbox_queue'::regclass AND NOT granted";
+    common::eventually_async("the claim waits for the table", || async {
+        let waiting = sqlx::query_scalar::<_, i64>(waiting).fetch_one(&pool);
+        waiting.await.unwrap() > 0
+    })
+    .await;
+
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    locked.commit().await.unwrap();
+    let report = running.await.unwrap().unwrap();
+
+    assert_eq!(
+        report.handler_calls_with(Outcome::Processed),
+        0,
+        "{report:?}"
+    );
+    let mut again = consumer(&pool, "billing", Duration::from_secs(30)).await;
+    let delivery = next_within(&mut again, Duration::from_secs(3)).await;
+    let id = delivery.map(|delivery| delivery.envelope().id().to_owned());
+    assert_eq!(
+        id.as_deref(),
+        Some("delivery-e-1"),
+        "the row is claimable again"
+    );
+}

@@ -15,6 +15,9 @@
 //!   consumer claims it.
 //! - **Long handlers**: the run extends the claim of every row it holds, at a third of the
 //!   visibility timeout.
+//! - **Shutdown**: what the source claimed and the run did not take is handed back at once,
+//!   including what a claim still waiting on the database when the run stopped claims (the run
+//!   waits up to 5 s for it).
 //! - **Order**: a row is claimed only once no older row of its aggregate (the envelope's
 //!   `aggregate-id` header when it was enqueued) is left, so the consumers of a queue, in any
 //!   number of processes, take an aggregate's messages one at a time, in the order they were
@@ -43,6 +46,7 @@ use inbox_core::{Envelope, Error};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{Acknowledge, Delivery, Sink, SinkError, Source, SourceError};
@@ -64,6 +68,9 @@ pub struct PgQueueSource {
     listener: Option<PgListener>,
     settled: Arc<Notify>,
     ready: VecDeque<Delivery>,
+    /// The claim in flight, on a task of its own: a run that stops while it waits (dropping
+    /// [`Source::next`]) leaves it here, and [`Source::drain`] hands back what it claimed.
+    claiming: Option<JoinHandle<Result<Vec<Claimed>, Error>>>,
 }
 
 /// What a consumer claims, and for how long.
@@ -74,6 +81,9 @@ struct Claims {
     count: usize,
     poll_interval: Duration,
 }
+
+/// How long a stopping run waits for the claim it left in flight.
+const CLAIM_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// Builds a [`PgQueueSource`].
 pub struct PgQueueSourceBuilder {
@@ -96,15 +106,43 @@ impl PgQueueSource {
         }
     }
 
-    /// Claims what is due into `ready`.
-    async fn claim(&mut self) -> Result<(), Error> {
-        let claims = &self.claims;
-        let claimed = queue::claim(&self.pool, &claims.queue, claims.count, claims.visibility);
-        for row in claimed.await? {
+    /// Claims what is due into `ready`, or takes what the claim in flight claimed.
+    async fn claim(&mut self) -> Result<(), SourceError> {
+        let (pool, claims) = (self.pool.clone(), self.claims.clone());
+        let claiming = self.claiming.get_or_insert_with(|| {
+            tokio::spawn(async move {
+                queue::claim(&pool, &claims.queue, claims.count, claims.visibility).await
+            })
+        });
+        let claimed = claiming.await;
+        self.claiming = None;
+        for row in claimed?? {
             let delivery = self.delivery(row);
             self.ready.push_back(delivery);
         }
         Ok(())
+    }
+
+    /// Waits (a few seconds at most) for a claim a stopped run left in flight, so that what it
+    /// claimed is handed back with the rest rather than hidden until its visibility timeout.
+    async fn finish_claiming(&mut self) {
+        let Some(claiming) = self.claiming.take() else {
+            return;
+        };
+        match tokio::time::timeout(CLAIM_AT_SHUTDOWN, claiming).await {
+            Ok(Ok(Ok(rows))) => {
+                for row in rows {
+                    let delivery = self.delivery(row);
+                    self.ready.push_back(delivery);
+                }
+            }
+            Ok(Ok(Err(error))) => tracing::debug!(%error, "the last claim failed"),
+            Ok(Err(error)) => tracing::warn!(%error, "the last claim did not finish"),
+            Err(_) => tracing::warn!(
+                "the last claim did not answer in time; what it claims comes back after the \
+                 visibility timeout"
+            ),
+        }
     }
 
     /// A claimed row as a delivery.
@@ -205,6 +243,7 @@ impl PgQueueSourceBuilder {
             listener: Some(listener),
             settled: Arc::new(Notify::new()),
             ready: VecDeque::new(),
+            claiming: None,
         })
     }
 }
@@ -227,6 +266,7 @@ impl Source for PgQueueSource {
     }
 
     async fn drain(&mut self) {
+        self.finish_claiming().await;
         for delivery in std::mem::take(&mut self.ready) {
             if let Err(error) = delivery.nack(Duration::ZERO).await {
                 tracing::warn!(%error, "could not hand a claimed row back");
