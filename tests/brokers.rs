@@ -1012,7 +1012,7 @@ mod redis_broker {
 
     use inbox::redis::redis::{self, AsyncCommands};
     use inbox::redis::{RedisStreamPublisher, RedisStreamSource};
-    use inbox::{Envelope, Sink};
+    use inbox::{Envelope, Sink, Source};
 
     use super::{Features, Server, TestBroker};
 
@@ -1135,6 +1135,34 @@ mod redis_broker {
             }
         }
     }
+    /// A run that stops while its read blocks drops that call to `next`, not the read: what the
+    /// server gives the read meanwhile is handed back by `drain`, and another consumer takes it
+    /// at once, not after the visibility timeout.
+    #[tokio::test]
+    async fn an_entry_read_as_the_run_stops_is_handed_back_at_once() {
+        let Some(broker) = RedisStreams::new("redis_read_at_stop").await else {
+            return;
+        };
+        let patient = |consumer: &'static str| {
+            let builder = RedisStreamSource::builder(&broker.client, &broker.stream, "g", consumer);
+            builder.visibility_timeout(Duration::from_secs(30)).build()
+        };
+        let mut stopping = patient("stopping").await.expect("build the source");
+        let read = tokio::time::timeout(Duration::from_millis(300), stopping.next()).await;
+        assert!(read.is_err(), "nothing to read yet");
+
+        broker.publish(&crate::numbered(1)).await.expect("publish");
+        stopping.drain().await;
+
+        let mut next = patient("next").await.expect("build the source");
+        let taken = tokio::time::timeout(Duration::from_secs(3), next.next()).await;
+        let taken = taken
+            .ok()
+            .and_then(|next| next.expect("the source answers"));
+        let id = taken.map(|delivery| delivery.envelope().id().to_owned());
+        assert_eq!(id.as_deref(), Some("e-1"), "handed back at once");
+    }
+
     /// Adds an entry with `fields` as they are (bytes, UTF-8 or not) to the stream.
     async fn add_raw(broker: &RedisStreams, fields: &[(&[u8], &[u8])]) {
         let connection = broker.client.get_multiplexed_async_connection();

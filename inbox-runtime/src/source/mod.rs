@@ -3,6 +3,8 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(any(feature = "postgres-queue", feature = "redis"))]
+mod in_flight;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 mod memory;

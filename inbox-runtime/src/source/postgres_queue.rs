@@ -41,14 +41,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use inbox_core::Envelope;
 use inbox_core::queue::{self, Claimed, QueueReceipt};
-use inbox_core::{Envelope, Error};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::in_flight::InFlight;
 use super::{Acknowledge, Delivery, Sink, SinkError, Source, SourceError};
 
 pub use inbox_core::queue::enqueue;
@@ -68,9 +68,8 @@ pub struct PgQueueSource {
     listener: Option<PgListener>,
     settled: Arc<Notify>,
     ready: VecDeque<Delivery>,
-    /// The claim in flight, on a task of its own: a run that stops while it waits (dropping
-    /// [`Source::next`]) leaves it here, and [`Source::drain`] hands back what it claimed.
-    claiming: Option<JoinHandle<Result<Vec<Claimed>, Error>>>,
+    /// The claim in flight: one a stopping run left is handed back by [`Source::drain`].
+    claiming: InFlight<Vec<Claimed>>,
 }
 
 /// What a consumer claims, and for how long.
@@ -109,39 +108,20 @@ impl PgQueueSource {
     /// Claims what is due into `ready`, or takes what the claim in flight claimed.
     async fn claim(&mut self) -> Result<(), SourceError> {
         let (pool, claims) = (self.pool.clone(), self.claims.clone());
-        let claiming = self.claiming.get_or_insert_with(|| {
-            tokio::spawn(async move {
-                queue::claim(&pool, &claims.queue, claims.count, claims.visibility).await
-            })
+        let claimed = self.claiming.answer(|| async move {
+            let claimed = queue::claim(&pool, &claims.queue, claims.count, claims.visibility);
+            Ok(claimed.await?)
         });
-        let claimed = claiming.await;
-        self.claiming = None;
-        for row in claimed?? {
-            let delivery = self.delivery(row);
-            self.ready.push_back(delivery);
-        }
+        let claimed = claimed.await?;
+        self.hold(claimed);
         Ok(())
     }
 
-    /// Waits (a few seconds at most) for a claim a stopped run left in flight, so that what it
-    /// claimed is handed back with the rest rather than hidden until its visibility timeout.
-    async fn finish_claiming(&mut self) {
-        let Some(claiming) = self.claiming.take() else {
-            return;
-        };
-        match tokio::time::timeout(CLAIM_AT_SHUTDOWN, claiming).await {
-            Ok(Ok(Ok(rows))) => {
-                for row in rows {
-                    let delivery = self.delivery(row);
-                    self.ready.push_back(delivery);
-                }
-            }
-            Ok(Ok(Err(error))) => tracing::debug!(%error, "the last claim failed"),
-            Ok(Err(error)) => tracing::warn!(%error, "the last claim did not finish"),
-            Err(_) => tracing::warn!(
-                "the last claim did not answer in time; what it claims comes back after the \
-                 visibility timeout"
-            ),
+    /// Claimed rows as deliveries, ready to be yielded (or handed back).
+    fn hold(&mut self, claimed: impl IntoIterator<Item = Claimed>) {
+        for row in claimed {
+            let delivery = self.delivery(row);
+            self.ready.push_back(delivery);
         }
     }
 
@@ -243,7 +223,7 @@ impl PgQueueSourceBuilder {
             listener: Some(listener),
             settled: Arc::new(Notify::new()),
             ready: VecDeque::new(),
-            claiming: None,
+            claiming: InFlight::none(),
         })
     }
 }
@@ -266,7 +246,8 @@ impl Source for PgQueueSource {
     }
 
     async fn drain(&mut self) {
-        self.finish_claiming().await;
+        let claimed = self.claiming.finish(CLAIM_AT_SHUTDOWN).await;
+        self.hold(claimed.into_iter().flatten());
         for delivery in std::mem::take(&mut self.ready) {
             if let Err(error) = delivery.nack(Duration::ZERO).await {
                 tracing::warn!(%error, "could not hand a claimed row back");

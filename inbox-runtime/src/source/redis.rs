@@ -9,6 +9,9 @@
 //!   [visibility timeout](RedisStreamSourceBuilder::visibility_timeout) (30 s by default).
 //! - **Long handlers**: the run resets the idle time of every entry it holds (`XCLAIM` to itself)
 //!   at a third of the visibility timeout, so no other consumer claims it meanwhile.
+//! - **Shutdown**: what the source read and the run did not take is handed back at once,
+//!   including what the server gave a read still blocking when the run stopped (the run waits
+//!   for that read's answer).
 //! - **Dead or rejected**: acknowledged, since the inbox has kept it.
 //! - **Attempt**: 1 for a new entry; for a claimed one, its delivery count (`XPENDING`).
 //! - **Backpressure**: each read asks for at most [`RedisStreamSourceBuilder::count`] entries.
@@ -37,6 +40,7 @@ use redis::streams::{
 };
 use redis::{AsyncCommands, Client, Value};
 
+use super::in_flight::InFlight;
 use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceError};
 
 /// The client this module speaks through, for its [`Client`].
@@ -66,6 +70,9 @@ pub struct RedisStreamSource {
     last_claim: Option<Instant>,
     /// Where the next `XAUTOCLAIM` goes on through the pending entries (`0-0`: from the start).
     claim_from: String,
+    /// The blocking read in flight: one a stopping run left is handed back by
+    /// [`Source::drain`] (the server gives it what arrives until it times out).
+    reading: InFlight<Vec<RawEntry>>,
 }
 
 /// Where the source's entries are: the stream, the group and this consumer, and how long an
@@ -166,23 +173,31 @@ impl RedisStreamSource {
         Ok(u32::try_from(count).unwrap_or(u32::MAX).max(1))
     }
 
-    /// Reads new entries, waiting up to a quarter of the visibility timeout (at most a second).
+    /// Reads new entries, waiting up to a quarter of the visibility timeout (at most a second),
+    /// or takes what the read in flight read.
     async fn read_new(&mut self) -> Result<(), SourceError> {
-        let entries = &self.entries;
-        let wait = read_wait(entries);
-        let options = StreamReadOptions::default()
-            .group(&entries.group, &entries.consumer)
-            .count(entries.count)
-            .block(millis(wait).max(1));
-        let reply: Value = self
-            .reads
-            .xread_options(&[&entries.stream], &[">"], &options)
-            .await?;
-        for entry in read_entries(reply)? {
+        let (mut reads, entries) = (self.reads.clone(), self.entries.clone());
+        let read = self.reading.answer(|| async move {
+            let options = StreamReadOptions::default()
+                .group(&entries.group, &entries.consumer)
+                .count(entries.count)
+                .block(millis(read_wait(&entries)).max(1));
+            let reply: Value = reads
+                .xread_options(&[&entries.stream], &[">"], &options)
+                .await?;
+            read_entries(reply)
+        });
+        let read = read.await?;
+        self.hold(read);
+        Ok(())
+    }
+
+    /// New entries as deliveries, ready to be yielded (or handed back).
+    fn hold(&mut self, read: impl IntoIterator<Item = RawEntry>) {
+        for entry in read {
             let delivery = self.delivery(entry, 1);
             self.ready.push_back(delivery);
         }
-        Ok(())
     }
 
     /// A stream entry as a delivery. A field whose name or value is not UTF-8 is no header; a
@@ -428,6 +443,7 @@ impl RedisStreamSourceBuilder {
             ready: VecDeque::new(),
             last_claim: None,
             claim_from: START.to_owned(),
+            reading: InFlight::none(),
         })
     }
 }
@@ -457,6 +473,11 @@ impl Source for RedisStreamSource {
     }
 
     async fn drain(&mut self) {
+        let read = self
+            .reading
+            .finish(read_wait(&self.entries) + READ_MARGIN)
+            .await;
+        self.hold(read.into_iter().flatten());
         for delivery in std::mem::take(&mut self.ready) {
             let (_, _, acker) = delivery.into_parts();
             if let Err(error) = acker.nack(Duration::ZERO).await {
