@@ -54,3 +54,13 @@ impl<T: Send + 'static> InFlight<T> {
         }
     }
 }
+
+impl<T> Drop for InFlight<T> {
+    /// A source dropped without [`Source::drain`](super::Source::drain) (its run cancelled)
+    /// stops its fetch as a cancelled call to `next` would.
+    fn drop(&mut self) {
+        if let Some(fetching) = self.0.take() {
+            fetching.abort();
+        }
+    }
+}
