@@ -18,6 +18,7 @@
 //!   [revoke timeout](KafkaSourceBuilder::revoke_timeout), 5 s by default) for their messages in
 //!   flight to settle, commits what is settled, and forgets the rest: the partition's next owner
 //!   resumes from that offset, and what this consumer still finishes later is a duplicate there.
+//!   (On a current-thread runtime the source does not wait: nothing could settle meanwhile.)
 //!   On assignment, consumption resumes from the committed offset.
 //! - **A failed message**: Kafka cannot hand back one message, and blocking its partition until
 //!   the retries are exhausted would stop every other aggregate on it. The inbox records the
@@ -57,6 +58,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::TopicPartitionListElem;
 use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
+use tokio::runtime::RuntimeFlavor;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -573,10 +575,7 @@ impl ConsumerContext for Rebalancing {
         let Rebalance::Revoke(revoked) = rebalance else {
             return;
         };
-        let waited = std::time::Instant::now();
-        while !self.offsets.settled(revoked) && waited.elapsed() < self.revoke_timeout {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_until_settled(revoked);
         let settled = self.offsets.take_settled(Some(revoked));
         if settled.count() > 0
             && let Err(error) = consumer.commit(&settled, CommitMode::Sync)
@@ -584,6 +583,27 @@ impl ConsumerContext for Rebalancing {
             tracing::warn!(%error, "committing the offsets of revoked partitions failed");
         }
         self.offsets.forget(revoked);
+    }
+}
+
+impl Rebalancing {
+    /// Waits, up to the revoke timeout, for the messages in flight of `revoked` to settle. The
+    /// wait blocks the thread that polls the consumer: on a multi-thread runtime, that thread's
+    /// other tasks move to another worker meanwhile (`block_in_place`); on a current-thread
+    /// runtime nothing could settle while its one thread waits, so it does not wait, and what is
+    /// in flight is a duplicate for the partition's next owner.
+    fn wait_until_settled(&self, revoked: &TopicPartitionList) {
+        let wait = || {
+            let waited = std::time::Instant::now();
+            while !self.offsets.settled(revoked) && waited.elapsed() < self.revoke_timeout {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        match tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
+            Ok(RuntimeFlavor::CurrentThread) => {}
+            Ok(_) => tokio::task::block_in_place(wait),
+            Err(_) => wait(),
+        }
     }
 }
 
