@@ -107,10 +107,12 @@ impl PgQueueSource {
 
     /// Claims what is due into `ready`, or takes what the claim in flight claimed.
     async fn claim(&mut self) -> Result<(), SourceError> {
-        let (pool, claims) = (self.pool.clone(), self.claims.clone());
-        let claimed = self.claiming.answer(|| async move {
-            let claimed = queue::claim(&pool, &claims.queue, claims.count, claims.visibility);
-            Ok(claimed.await?)
+        let claimed = self.claiming.answer(|| {
+            let (pool, claims) = (self.pool.clone(), self.claims.clone());
+            async move {
+                let claimed = queue::claim(&pool, &claims.queue, claims.count, claims.visibility);
+                Ok(claimed.await?)
+            }
         });
         let claimed = claimed.await?;
         self.hold(claimed);

@@ -176,16 +176,18 @@ impl RedisStreamSource {
     /// Reads new entries, waiting up to a quarter of the visibility timeout (at most a second),
     /// or takes what the read in flight read.
     async fn read_new(&mut self) -> Result<(), SourceError> {
-        let (mut reads, entries) = (self.reads.clone(), self.entries.clone());
-        let read = self.reading.answer(|| async move {
-            let options = StreamReadOptions::default()
-                .group(&entries.group, &entries.consumer)
-                .count(entries.count)
-                .block(millis(read_wait(&entries)).max(1));
-            let reply: Value = reads
-                .xread_options(&[&entries.stream], &[">"], &options)
-                .await?;
-            read_entries(reply)
+        let read = self.reading.answer(|| {
+            let (mut reads, entries) = (self.reads.clone(), self.entries.clone());
+            async move {
+                let options = StreamReadOptions::default()
+                    .group(&entries.group, &entries.consumer)
+                    .count(entries.count)
+                    .block(millis(read_wait(&entries)).max(1));
+                let reply: Value = reads
+                    .xread_options(&[&entries.stream], &[">"], &options)
+                    .await?;
+                read_entries(reply)
+            }
         });
         let read = read.await?;
         self.hold(read);
