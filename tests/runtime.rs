@@ -451,3 +451,74 @@ mod one_writer {
         assert_eq!(report.failed, 0, "{report:?}");
     }
 }
+
+/// On PostgreSQL a message on its own commits in one round trip with the check that its handler
+/// left the transaction able to commit, which leaves an empty transaction for the connection's
+/// next statement to roll back.
+mod postgres_idle {
+    use std::time::{Duration, Instant};
+
+    use inbox::MemoryBroker;
+    use inbox::prelude::*;
+
+    use crate::common::ledger::Credited;
+
+    crate::common::ledger::ledger_handlers!(sqlx::Postgres, sqlx::PgConnection);
+    crate::common::queries::ledger_queries!(sqlx::Postgres, crate::common::postgres);
+
+    /// The connections of `application` that are idle in a transaction.
+    async fn idle_in_transaction(pool: &Pool, application: &str) -> i64 {
+        let open = "SELECT COUNT(*) FROM pg_stat_activity \
+            WHERE application_name = $1 AND state = 'idle in transaction'";
+        let open = sqlx::query_scalar(open).bind(application);
+        open.fetch_one(pool).await.expect("read pg_stat_activity")
+    }
+
+    /// A worker that waits for work sends that rollback first: its connection waits idle, not
+    /// idle in a transaction (which `idle_in_transaction_session_timeout` would end, and which
+    /// monitoring flags).
+    #[tokio::test]
+    async fn a_worker_waiting_for_work_holds_no_transaction_open() {
+        let Some(pool) = ledger("idle_worker").await else {
+            return;
+        };
+        let application = crate::common::unique("idle_worker");
+        let options = (*pool.connect_options()).clone();
+        let named = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.application_name(&application));
+        let named = named.await.expect("connect");
+        let inbox = Inbox::builder(named)
+            .consumer("idle")
+            .workers(1)
+            .handler(credit);
+        let inbox = inbox.build().await.expect("build inbox");
+        let broker = MemoryBroker::new();
+        let event = Credited::new("e-1", "acct", 1, 5);
+        broker.publish(Envelope::encode("delivery-1", &event).expect("encode"));
+        let source = broker.source();
+        let running = tokio::spawn(async move { inbox.run(source).await });
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while balance(&pool, "acct").await != 5 {
+            assert!(Instant::now() < deadline, "the message was not processed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let settled = Instant::now() + Duration::from_secs(2);
+        while idle_in_transaction(&pool, &application).await > 0 {
+            assert!(
+                Instant::now() < settled,
+                "a waiting worker holds a transaction open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        broker.close();
+        let report = running.await.expect("run task").expect("run");
+        assert_eq!(
+            report.handler_calls_with(Outcome::Processed),
+            1,
+            "{report:?}"
+        );
+    }
+}

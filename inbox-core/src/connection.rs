@@ -24,6 +24,15 @@ pub trait Connect<DB: Backend>: Send {
         &mut self,
         timeout: Duration,
     ) -> BoxFuture<'_, Result<Transaction<'_, DB>, sqlx::Error>>;
+
+    /// Sends what the last transaction left for the connection's next statement, before its
+    /// caller waits: the rollback of the empty transaction that a commit in one round trip leaves
+    /// open on PostgreSQL ([`commit_checked`](crate::storage::messages::commit_checked)), which a
+    /// connection kept while it waits for work would otherwise hold as idle in transaction. The
+    /// pool does it as a connection comes back to it.
+    fn settle(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 impl<DB: Backend> Connect<DB> for Pool<DB> {
@@ -70,6 +79,8 @@ pub struct KeptConnection<DB: Backend> {
     pool: Pool<DB>,
     connection: Option<Kept<DB>>,
     broken: bool,
+    /// Whether a transaction began since the connection was last settled.
+    unsettled: bool,
 }
 
 /// How long a [`KeptConnection`] keeps one connection before it gives it back to the pool.
@@ -98,6 +109,7 @@ impl<DB: Backend> KeptConnection<DB> {
             pool,
             connection: None,
             broken: false,
+            unsettled: false,
         }
     }
 }
@@ -116,6 +128,7 @@ impl<DB: Backend> Connect<DB> for KeptConnection<DB> {
                 pool,
                 connection,
                 broken,
+                unsettled,
             } = self;
             if pool.is_closed() {
                 *connection = None;
@@ -136,7 +149,21 @@ impl<DB: Backend> Connect<DB> for KeptConnection<DB> {
             kept.used = Instant::now();
             let begun = kept.connection.begin_with(DB::begin_within(timeout)).await;
             *broken = begun.is_err();
+            *unsettled = DB::SQL.messages.check_and_commit.is_some();
             begun
+        })
+    }
+
+    fn settle(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if !std::mem::take(&mut self.unsettled) {
+                return;
+            }
+            if let Some(kept) = &mut self.connection
+                && kept.connection.ping().await.is_err()
+            {
+                self.broken = true;
+            }
         })
     }
 }

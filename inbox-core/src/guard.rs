@@ -24,7 +24,7 @@ use crate::message::Message;
 use crate::outcome::Outcome;
 use crate::queue::QueueReceipt;
 use crate::retry::RetryPolicy;
-use crate::storage::messages::{self, Claimed, Seen};
+use crate::storage::messages::{self, Claimed, NotCommitted, Seen};
 use crate::storage::operators::{ActionKind, Operator, Subject};
 use crate::storage::{Backend, operators, streams};
 
@@ -171,16 +171,16 @@ async fn guard<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
     let claim = claim_of(handler, delivery, &payload_hash);
     let tx = connection.begin(delivery.retry.timeout()).await?;
     let found = Found::default();
-    let attempted = attempt(
-        tx,
-        handler,
-        message,
-        delivery,
-        &claim,
-        found,
-        OpenCheck::AfterHandler,
-    );
+    let check = own_check::<DB>(delivery);
+    let attempted = attempt(tx, handler, message, delivery, &claim, found, check);
     let failed = match attempted.await? {
+        Step::Keep(tx, outcome) if check == OpenCheck::AtCommit => {
+            match messages::commit_checked(tx).await {
+                Ok(()) => return Ok(outcome),
+                Err(NotCommitted::Aborted(error)) => aborted(error).charged_to_the_handler(),
+                Err(NotCommitted::Failed(error)) => return Err(error.into()),
+            }
+        }
         Step::Keep(tx, outcome) => {
             tx.commit().await?;
             return Ok(outcome);
@@ -192,6 +192,16 @@ async fn guard<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
         Step::Failed(error) => error,
     };
     record_attempt_failure(connection, handler, delivery, failed).await
+}
+
+/// When the guard checks the transaction of a message on its own: with the commit where the
+/// database can, unless a statement runs after the handler (a queue's dequeue), which a
+/// transaction the handler left aborted would refuse as the guard's own failure.
+fn own_check<DB: Backend>(delivery: &Delivery<'_>) -> OpenCheck {
+    match DB::SQL.messages.check_and_commit.is_some() && delivery.receipt.is_none() {
+        true => OpenCheck::AtCommit,
+        false => OpenCheck::AfterHandler,
+    }
 }
 
 /// Records that an attempt at a message failed with `error` (its transaction rolled back): see
@@ -258,6 +268,9 @@ pub(crate) struct Found {
 pub(crate) enum OpenCheck {
     /// Right after the handler: a message in a transaction of its own.
     AfterHandler,
+    /// With the commit, in its round trip ([`messages::commit_checked`]): a message in a
+    /// transaction of its own where the database can, and no statement runs after the handler.
+    AtCommit,
     /// Once, before the transaction commits: a batch's. Until then, the next statement in an
     /// aborted transaction fails, with an error that says so ([`messages::refused_for_its_transaction`]).
     /// `after_others` says whether other handlers ran in the transaction before this one: one of

@@ -180,9 +180,13 @@ impl<T> Scheduler<T> {
         });
     }
 
-    /// The oldest waiting job whose key is free, waiting for one; `None` once the scheduler is
-    /// closed and nothing waits.
-    pub(crate) async fn take(&self) -> Option<(T, Busy<'_, T>)> {
+    /// The oldest waiting job whose key is free, waiting for one (after `before_waiting`, the
+    /// first time none is there); `None` once the scheduler is closed and nothing waits.
+    pub(crate) async fn take(
+        &self,
+        before_waiting: impl Future<Output = ()>,
+    ) -> Option<(T, Busy<'_, T>)> {
+        let mut before_waiting = Some(before_waiting);
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -196,16 +200,25 @@ impl<T> Scheduler<T> {
                     return None;
                 }
             }
+            if let Some(before_waiting) = before_waiting.take() {
+                before_waiting.await;
+                continue;
+            }
             changed.await;
         }
     }
 
-    /// Up to `most` jobs: waits for the first, then takes what is ready, waiting up to `linger`
-    /// for more: first the jobs waiting behind the keys the batch holds (behind its earlier jobs
-    /// of that key), then the oldest job of a free key. Empty once the scheduler is closed and
-    /// nothing waits.
-    pub(crate) async fn take_up_to(&self, most: usize, linger: Duration) -> Vec<(T, Busy<'_, T>)> {
-        let Some(first) = self.take().await else {
+    /// Up to `most` jobs: waits for the first (after `before_waiting`, if none is there), then
+    /// takes what is ready, waiting up to `linger` for more: first the jobs waiting behind the
+    /// keys the batch holds (behind its earlier jobs of that key), then the oldest job of a free
+    /// key. Empty once the scheduler is closed and nothing waits.
+    pub(crate) async fn take_up_to(
+        &self,
+        most: usize,
+        linger: Duration,
+        before_waiting: impl Future<Output = ()>,
+    ) -> Vec<(T, Busy<'_, T>)> {
+        let Some(first) = self.take(before_waiting).await else {
             return Vec::new();
         };
         let filling = self.fill(&first.1.key);
@@ -429,6 +442,8 @@ impl<T> Drop for Busy<'_, T> {
 
 #[cfg(test)]
 mod tests {
+    use std::future::ready;
+
     use super::*;
 
     fn key(aggregate: &str) -> Key {
@@ -445,8 +460,8 @@ mod tests {
         for (aggregate, job) in [("a", 1), ("a", 2), ("b", 3), ("c", 4), ("b", 5)] {
             scheduler.push(key(aggregate), job);
         }
-        let (first, busy_a) = scheduler.take().await.expect("a job");
-        let taken = scheduler.take_up_to(10, Duration::ZERO).await;
+        let (first, busy_a) = scheduler.take(ready(())).await.expect("a job");
+        let taken = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(
             (first, jobs(&taken)),
             (1, vec![3, 5, 4]),
@@ -454,11 +469,11 @@ mod tests {
         );
         drop(busy_a);
         drop(taken);
-        let rest = scheduler.take_up_to(10, Duration::ZERO).await;
+        let rest = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(jobs(&rest), vec![2], "a's next job, once a is free");
         drop(rest);
         scheduler.close();
-        assert!(scheduler.take().await.is_none());
+        assert!(scheduler.take(ready(())).await.is_none());
     }
 
     #[tokio::test]
@@ -470,10 +485,10 @@ mod tests {
         scheduler.push(strict.clone(), 3);
         scheduler.push(key("b"), 4);
 
-        let taken = scheduler.take_up_to(10, Duration::ZERO).await;
+        let taken = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         scheduler.push(strict, 5);
         scheduler.push(key("c"), 6);
-        let other = scheduler.take_up_to(10, Duration::ZERO).await;
+        let other = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
 
         assert_eq!(
             jobs(&taken),
@@ -486,7 +501,7 @@ mod tests {
             "nor does another batch take them meanwhile"
         );
         drop((taken, other));
-        let next = scheduler.take_up_to(10, Duration::ZERO).await;
+        let next = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(jobs(&next), vec![3], "then the next one, alone");
     }
 
@@ -496,14 +511,15 @@ mod tests {
         for (aggregate, job) in [("a", 1), ("b", 2), ("a", 3)] {
             scheduler.push(key(aggregate), job);
         }
-        let mut batch = scheduler.take_up_to(10, Duration::ZERO).await;
+        let mut batch = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(jobs(&batch), vec![1, 3, 2], "a's jobs, then b's");
         scheduler.push(key("a"), 4);
         drop(batch.remove(0));
-        let other = tokio::time::timeout(Duration::from_millis(50), scheduler.take()).await;
+        let other =
+            tokio::time::timeout(Duration::from_millis(50), scheduler.take(ready(()))).await;
         assert!(other.is_err(), "a's job 3 is still in hand");
         drop(batch);
-        let next = scheduler.take_up_to(10, Duration::ZERO).await;
+        let next = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(jobs(&next), vec![4]);
     }
 
@@ -513,16 +529,17 @@ mod tests {
         for (aggregate, job) in [("a", 1), ("a", 2), ("b", 3)] {
             scheduler.push(key(aggregate), job);
         }
-        let (first, busy) = scheduler.take().await.expect("a job");
+        let (first, busy) = scheduler.take(ready(())).await.expect("a job");
         scheduler.put_back(busy, first, Duration::from_secs(1));
         scheduler.push(key("a"), 4);
 
-        let (other, busy_b) = scheduler.take().await.expect("b's job");
+        let (other, busy_b) = scheduler.take(ready(())).await.expect("b's job");
         assert_eq!(other, 3, "a waits for the job put back");
         drop(busy_b);
-        let early = tokio::time::timeout(Duration::from_millis(200), scheduler.take()).await;
+        let early =
+            tokio::time::timeout(Duration::from_millis(200), scheduler.take(ready(()))).await;
         assert!(early.is_err(), "not before its delay");
-        let again = scheduler.take_up_to(10, Duration::ZERO).await;
+        let again = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(jobs(&again), vec![1, 2, 4], "then first, in arrival order");
     }
 
@@ -530,12 +547,15 @@ mod tests {
     async fn a_job_put_back_is_due_at_once_when_the_scheduler_closes() {
         let scheduler = Arc::new(Scheduler::new(1, 16));
         scheduler.push(key("a"), 1);
-        let (job, busy) = scheduler.take().await.expect("a job");
+        let (job, busy) = scheduler.take(ready(())).await.expect("a job");
         scheduler.put_back(busy, job, Duration::from_secs(3_600));
         scheduler.close();
-        let again = tokio::time::timeout(Duration::from_secs(5), scheduler.take()).await;
+        let again = tokio::time::timeout(Duration::from_secs(5), scheduler.take(ready(()))).await;
         assert_eq!(again.expect("due").map(|(job, _)| job), Some(1));
-        assert!(scheduler.take().await.is_none(), "then nothing waits");
+        assert!(
+            scheduler.take(ready(())).await.is_none(),
+            "then nothing waits"
+        );
     }
 
     #[tokio::test]
@@ -547,7 +567,10 @@ mod tests {
             scheduler.push(key("a"), 2);
             scheduler.close();
         };
-        let (taken, ()) = tokio::join!(scheduler.take_up_to(10, Duration::from_secs(5)), arrive);
+        let (taken, ()) = tokio::join!(
+            scheduler.take_up_to(10, Duration::from_secs(5), ready(())),
+            arrive
+        );
         assert_eq!(jobs(&taken), vec![1, 2]);
     }
 }

@@ -457,7 +457,13 @@ async fn handle_all<DB: Backend>(
             Some(writer) => Some(writer.lock().await),
             None => None,
         };
-        let taken = scheduler.take_up_to(size, linger).await;
+        // Before it waits for work, the worker settles its connection: nothing it holds stays
+        // open while it waits.
+        let settling = match turn.as_deref_mut() {
+            Some(writer) => writer.settle(),
+            None => own.settle(),
+        };
+        let taken = scheduler.take_up_to(size, linger, settling).await;
         if taken.is_empty() {
             break;
         }

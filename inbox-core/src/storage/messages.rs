@@ -326,6 +326,39 @@ pub async fn check_open<DB: Backend>(tx: &mut Transaction<'_, DB>) -> Result<(),
     }
 }
 
+/// Why [`commit_checked`] did not commit.
+#[derive(Debug)]
+pub enum NotCommitted {
+    /// The transaction could no longer commit ([`check_open`] failed): it is rolled back.
+    Aborted(sqlx::Error),
+    /// The commit failed, or its connection.
+    Failed(sqlx::Error),
+}
+
+/// Commits `tx` once it made sure it can still commit ([`check_open`]), in one round trip where
+/// the database can ([`MessageSql::check_and_commit`](super::MessageSql::check_and_commit)): the
+/// check, the `COMMIT` and a `BEGIN` of an empty transaction go as one simple query, the
+/// `Transaction` then dropped, its rollback of the empty transaction sent with the connection's
+/// next statement (or by [`Connect::settle`](crate::Connect::settle) before its worker waits).
+/// Elsewhere, the check and the commit one after the other.
+pub async fn commit_checked<DB: Backend>(mut tx: Transaction<'_, DB>) -> Result<(), NotCommitted> {
+    let Some(check_and_commit) = DB::SQL.messages.check_and_commit else {
+        check_open(&mut tx).await.map_err(NotCommitted::Aborted)?;
+        return tx.commit().await.map_err(NotCommitted::Failed);
+    };
+    match sql::execute_raw::<DB>(sql::conn(&mut tx), check_and_commit).await {
+        Ok(()) => Ok(()),
+        // `25P02`: the check refused, for a transaction aborted before it (the rest not run).
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("25P02") => {
+            if let Err(rollback) = tx.rollback().await {
+                tracing::warn!(%rollback, "rollback of an aborted transaction failed");
+            }
+            Err(NotCommitted::Aborted(sqlx::Error::Database(error)))
+        }
+        Err(error) => Err(NotCommitted::Failed(error)),
+    }
+}
+
 /// Whether the server may end a whole transaction under a handler, after which each statement
 /// commits on its own (MySQL): then a batch checks after each handler too, not only before it
 /// commits, so that no handler after the one that went on runs on without a transaction.

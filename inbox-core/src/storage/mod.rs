@@ -206,6 +206,10 @@ pub struct MessageSql {
     /// where nothing a handler meets ends it under the guard (SQLite: a failed statement aborts
     /// only itself).
     pub check_open: Option<OpenProbe>,
+    /// [`check_open`](Self::check_open) and `COMMIT` in one round trip, then a `BEGIN` of an
+    /// empty transaction for the `Transaction` to roll back ([`messages::commit_checked`]); `None`
+    /// where they are sent one by one.
+    pub check_and_commit: Option<&'static str>,
     /// Marks a failed or parked message dead ([`messages::bury`]).
     pub bury: &'static str,
     /// Sets a row `processed` or `stale`, dropping its payload ([`messages::settle`]).

@@ -164,6 +164,7 @@ const SQL: Statements = Statements {
         // Refused (25001) inside a transaction; outside one it sets what the next is, which
         // every transaction of the guard sets again when it begins.
         check_open: Some(OpenProbe::RefusedWhileOpen("SET TRANSACTION READ WRITE")),
+        check_and_commit: None,
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE(?, error_text), dead_reason = ? \
             WHERE consumer = ? AND handler = ? AND message_id = ? AND status IN ('failed', 'parked')",
         settle: "UPDATE inbox_messages \

@@ -335,6 +335,7 @@ pub(super) const SQL: Statements = Statements {
             COALESCE((extract(epoch FROM now() - failed_at) * 1000)::bigint, 0))) \
             WHERE consumer = $4 AND handler = $5 AND message_id = $6 AND status = 'failed'",
         check_open: Some(OpenProbe::FailsOnceAborted("SELECT 1")),
+        check_and_commit: Some("SELECT 1; COMMIT; BEGIN"),
         bury: "UPDATE inbox_messages SET status = 'dead', error_text = COALESCE($1, error_text), dead_reason = $2 \
             WHERE consumer = $3 AND handler = $4 AND message_id = $5 AND status IN ('failed', 'parked')",
         settle: "UPDATE inbox_messages \

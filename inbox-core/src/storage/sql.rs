@@ -212,6 +212,15 @@ pub(crate) async fn execute<DB: Backend>(
     Ok(DB::rows_affected(&result))
 }
 
+/// Runs `sql`, one statement or several, without parameters, as one simple query on `conn`
+/// (one round trip): a statement that fails ends it, the ones after it not run.
+pub(crate) async fn execute_raw<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &'static str,
+) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sql).execute(conn.run()).await.map(drop)
+}
+
 /// The first row of a statement's result on `conn`, if any.
 pub(crate) async fn fetch_optional<DB: Backend, T: FromColumns>(
     conn: &mut DB::Connection,

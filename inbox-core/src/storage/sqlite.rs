@@ -47,6 +47,7 @@ const SQL: Statements = Statements {
             COALESCE(CAST((julianday('now') - julianday(failed_at)) * 86400000 AS INTEGER), 0))) \
             WHERE consumer = $4 AND handler = $5 AND message_id = $6 AND status = 'failed'",
         check_open: None,
+        check_and_commit: None,
         claim_or_seen: None,
         claim_and_advance: None,
         ..postgres::SQL.messages
