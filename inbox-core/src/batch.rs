@@ -47,7 +47,7 @@ use crate::outcome::Outcome;
 use crate::retry::RetryPolicy;
 use crate::storage::Backend;
 use crate::storage::bulk::{self, StreamKey};
-use crate::storage::messages::{self, Claimed, Seen};
+use crate::storage::messages::{self, Claimed, NotCommitted, Seen};
 
 /// An open batch: one transaction that guarded messages join until it commits.
 pub struct Batch<'c, DB: Backend> {
@@ -326,18 +326,23 @@ impl<'c, DB: Backend> Batch<'c, DB> {
 
     /// Commits every message the batch kept, once it made sure that no handler left the
     /// transaction aborted (which would turn the commit into a silent rollback).
-    pub async fn commit(mut self) -> Result<(), Abandoned> {
-        if let Err(error) = messages::check_open(&mut self.tx).await {
-            tracing::warn!(
-                %error,
-                "a handler of a batch left its transaction aborted; its messages go one by one"
-            );
-            return Err(Abandoned::Refused);
+    /// The check and the commit take one round trip where the database can
+    /// ([`messages::commit_checked`]).
+    pub async fn commit(self) -> Result<(), Abandoned> {
+        match messages::commit_checked(self.tx).await {
+            Ok(()) => Ok(()),
+            Err(NotCommitted::Aborted(error)) => {
+                tracing::warn!(
+                    %error,
+                    "a handler of a batch left its transaction aborted; its messages go one by one"
+                );
+                Err(Abandoned::Refused)
+            }
+            Err(NotCommitted::Failed(error)) => {
+                tracing::warn!(%error, "a batch could not commit; its messages go one by one");
+                Err(Abandoned::Refused)
+            }
         }
-        self.tx.commit().await.map_err(|error| {
-            tracing::warn!(%error, "a batch could not commit; its messages go one by one");
-            Abandoned::Refused
-        })
     }
 }
 

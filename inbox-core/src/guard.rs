@@ -185,6 +185,11 @@ async fn guard<DB: Backend, H: Handler<DB>, C: Connect<DB> + ?Sized>(
             tx.commit().await?;
             return Ok(outcome);
         }
+        Step::Undo(tx, seen) if check == OpenCheck::AtCommit => {
+            // It wrote nothing: its rollback goes with the connection's next statement.
+            drop(tx);
+            return seen;
+        }
         Step::Undo(tx, seen) => {
             tx.rollback().await?;
             return seen;
