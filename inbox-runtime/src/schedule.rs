@@ -573,4 +573,23 @@ mod tests {
         );
         assert_eq!(jobs(&taken), vec![1, 2]);
     }
+
+    #[tokio::test]
+    async fn what_runs_before_waiting_runs_only_when_no_job_is_free() {
+        let scheduler = Scheduler::new(1, 16);
+        let ran = std::cell::Cell::new(0);
+        let count = || async { ran.set(ran.get() + 1) };
+        scheduler.push(key("a"), 1);
+        let (job, busy) = scheduler.take(count()).await.expect("a job");
+        assert_eq!((job, ran.get()), (1, 0), "a free job is taken without it");
+
+        scheduler.push(key("a"), 2);
+        let arrive = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(busy);
+        };
+        let (taken, ()) = tokio::join!(scheduler.take(count()), arrive);
+        assert_eq!(taken.map(|(job, _)| job), Some(2));
+        assert_eq!(ran.get(), 1, "once, before waiting for a's key");
+    }
 }
