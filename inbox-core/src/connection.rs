@@ -56,7 +56,9 @@ impl<DB: Backend> Connect<DB> for Pool<DB> {
 /// the pool to check it, and to apply its own lifetime rules) when it has been kept for a
 /// minute or idle for ten seconds; a connection on which a transaction cannot begin (the
 /// database restarted, the connection was cut) is given up, and the next transaction takes a new
-/// one. Once the pool is closed, no transaction begins, as with the pool itself.
+/// one. Once the pool is closed, no transaction begins, as with the pool itself. A caller that
+/// waits between transactions calls [`Connect::settle`] first (the runtime's workers do), so that
+/// nothing the last one left stays open while it waits.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

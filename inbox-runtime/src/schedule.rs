@@ -180,13 +180,13 @@ impl<T> Scheduler<T> {
         });
     }
 
-    /// The oldest waiting job whose key is free, waiting for one (after `before_waiting`, the
-    /// first time none is there); `None` once the scheduler is closed and nothing waits.
+    /// The oldest waiting job whose key is free, waiting for one (after `before_waiting`, taken
+    /// out and run if it is there, when none is free); `None` once the scheduler is closed and
+    /// nothing waits.
     pub(crate) async fn take(
         &self,
-        before_waiting: impl Future<Output = ()>,
+        before_waiting: &mut Option<impl Future<Output = ()>>,
     ) -> Option<(T, Busy<'_, T>)> {
-        let mut before_waiting = Some(before_waiting);
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -208,17 +208,18 @@ impl<T> Scheduler<T> {
         }
     }
 
-    /// Up to `most` jobs: waits for the first (after `before_waiting`, if none is there), then
-    /// takes what is ready, waiting up to `linger` for more: first the jobs waiting behind the
-    /// keys the batch holds (behind its earlier jobs of that key), then the oldest job of a free
-    /// key. Empty once the scheduler is closed and nothing waits.
+    /// Up to `most` jobs: waits for the first, then takes what is ready, waiting up to `linger`
+    /// for more: first the jobs waiting behind the keys the batch holds (behind its earlier jobs
+    /// of that key), then the oldest job of a free key. `before_waiting` runs once, before the
+    /// first wait, if any. Empty once the scheduler is closed and nothing waits.
     pub(crate) async fn take_up_to(
         &self,
         most: usize,
         linger: Duration,
         before_waiting: impl Future<Output = ()>,
     ) -> Vec<(T, Busy<'_, T>)> {
-        let Some(first) = self.take(before_waiting).await else {
+        let mut before_waiting = Some(before_waiting);
+        let Some(first) = self.take(&mut before_waiting).await else {
             return Vec::new();
         };
         let filling = self.fill(&first.1.key);
@@ -233,6 +234,10 @@ impl<T> Scheduler<T> {
                 Some((key, arrival, job)) => taken.push((job, self.busy(key, arrival))),
                 None if linger.is_zero() || self.lock().closed => break,
                 None => {
+                    if let Some(before_waiting) = before_waiting.take() {
+                        before_waiting.await;
+                        continue;
+                    }
                     if tokio::time::timeout_at(deadline, changed).await.is_err() {
                         break;
                     }
@@ -460,7 +465,7 @@ mod tests {
         for (aggregate, job) in [("a", 1), ("a", 2), ("b", 3), ("c", 4), ("b", 5)] {
             scheduler.push(key(aggregate), job);
         }
-        let (first, busy_a) = scheduler.take(ready(())).await.expect("a job");
+        let (first, busy_a) = scheduler.take(&mut Some(ready(()))).await.expect("a job");
         let taken = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(
             (first, jobs(&taken)),
@@ -473,7 +478,7 @@ mod tests {
         assert_eq!(jobs(&rest), vec![2], "a's next job, once a is free");
         drop(rest);
         scheduler.close();
-        assert!(scheduler.take(ready(())).await.is_none());
+        assert!(scheduler.take(&mut Some(ready(()))).await.is_none());
     }
 
     #[tokio::test]
@@ -515,8 +520,11 @@ mod tests {
         assert_eq!(jobs(&batch), vec![1, 3, 2], "a's jobs, then b's");
         scheduler.push(key("a"), 4);
         drop(batch.remove(0));
-        let other =
-            tokio::time::timeout(Duration::from_millis(50), scheduler.take(ready(()))).await;
+        let other = tokio::time::timeout(
+            Duration::from_millis(50),
+            scheduler.take(&mut Some(ready(()))),
+        )
+        .await;
         assert!(other.is_err(), "a's job 3 is still in hand");
         drop(batch);
         let next = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
@@ -529,15 +537,18 @@ mod tests {
         for (aggregate, job) in [("a", 1), ("a", 2), ("b", 3)] {
             scheduler.push(key(aggregate), job);
         }
-        let (first, busy) = scheduler.take(ready(())).await.expect("a job");
+        let (first, busy) = scheduler.take(&mut Some(ready(()))).await.expect("a job");
         scheduler.put_back(busy, first, Duration::from_secs(1));
         scheduler.push(key("a"), 4);
 
-        let (other, busy_b) = scheduler.take(ready(())).await.expect("b's job");
+        let (other, busy_b) = scheduler.take(&mut Some(ready(()))).await.expect("b's job");
         assert_eq!(other, 3, "a waits for the job put back");
         drop(busy_b);
-        let early =
-            tokio::time::timeout(Duration::from_millis(200), scheduler.take(ready(()))).await;
+        let early = tokio::time::timeout(
+            Duration::from_millis(200),
+            scheduler.take(&mut Some(ready(()))),
+        )
+        .await;
         assert!(early.is_err(), "not before its delay");
         let again = scheduler.take_up_to(10, Duration::ZERO, ready(())).await;
         assert_eq!(jobs(&again), vec![1, 2, 4], "then first, in arrival order");
@@ -547,13 +558,15 @@ mod tests {
     async fn a_job_put_back_is_due_at_once_when_the_scheduler_closes() {
         let scheduler = Arc::new(Scheduler::new(1, 16));
         scheduler.push(key("a"), 1);
-        let (job, busy) = scheduler.take(ready(())).await.expect("a job");
+        let (job, busy) = scheduler.take(&mut Some(ready(()))).await.expect("a job");
         scheduler.put_back(busy, job, Duration::from_secs(3_600));
         scheduler.close();
-        let again = tokio::time::timeout(Duration::from_secs(5), scheduler.take(ready(()))).await;
+        let again =
+            tokio::time::timeout(Duration::from_secs(5), scheduler.take(&mut Some(ready(()))))
+                .await;
         assert_eq!(again.expect("due").map(|(job, _)| job), Some(1));
         assert!(
-            scheduler.take(ready(())).await.is_none(),
+            scheduler.take(&mut Some(ready(()))).await.is_none(),
             "then nothing waits"
         );
     }
@@ -580,7 +593,7 @@ mod tests {
         let ran = std::cell::Cell::new(0);
         let count = || async { ran.set(ran.get() + 1) };
         scheduler.push(key("a"), 1);
-        let (job, busy) = scheduler.take(count()).await.expect("a job");
+        let (job, busy) = scheduler.take(&mut Some(count())).await.expect("a job");
         assert_eq!((job, ran.get()), (1, 0), "a free job is taken without it");
 
         scheduler.push(key("a"), 2);
@@ -588,8 +601,28 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(busy);
         };
-        let (taken, ()) = tokio::join!(scheduler.take(count()), arrive);
+        let mut waiting = Some(count());
+        let (taken, ()) = tokio::join!(scheduler.take(&mut waiting), arrive);
         assert_eq!(taken.map(|(job, _)| job), Some(2));
         assert_eq!(ran.get(), 1, "once, before waiting for a's key");
+    }
+
+    #[tokio::test]
+    async fn what_runs_before_waiting_runs_before_a_batch_lingers() {
+        let scheduler = Scheduler::new(1, 16);
+        let ran = std::cell::Cell::new(0);
+        let count = || async { ran.set(ran.get() + 1) };
+        scheduler.push(key("a"), 1);
+        let taken = scheduler.take_up_to(10, Duration::ZERO, count()).await;
+        assert_eq!((jobs(&taken), ran.get()), (vec![1], 0), "no wait, no run");
+        drop(taken);
+
+        scheduler.push(key("b"), 2);
+        let taken = scheduler.take_up_to(10, Duration::from_millis(20), count());
+        assert_eq!(
+            (jobs(&taken.await), ran.get()),
+            (vec![2], 1),
+            "once, before lingering"
+        );
     }
 }
