@@ -135,9 +135,21 @@ impl<T> Scheduler<T> {
 
     /// Waits until there is room for `units` more units of work (at most the whole capacity);
     /// the room is given back when the permit is dropped. Fails once every worker is gone.
+    ///
+    /// When the room is full, it waits for a quarter of it to be free, not for `units`: the
+    /// caller then wakes once per quarter of the room, not once for each job a worker ends,
+    /// while the three quarters still queued keep the workers busy.
     pub(crate) async fn room(&self, units: usize) -> Result<OwnedSemaphorePermit, AcquireError> {
-        let units = units.clamp(1, self.capacity) as u32;
-        Arc::clone(&self.room).acquire_many_owned(units).await
+        let units = units.clamp(1, self.capacity);
+        if let Ok(room) = Arc::clone(&self.room).try_acquire_many_owned(units as u32) {
+            return Ok(room);
+        }
+        let refill = units.max(self.capacity / 4);
+        let mut room = Arc::clone(&self.room)
+            .acquire_many_owned(refill as u32)
+            .await?;
+        // The rest goes back at once, for the calls that follow to take without waiting.
+        Ok(room.split(units).unwrap_or(room))
     }
 
     /// Queues a job behind the earlier jobs of its key.
@@ -623,6 +635,37 @@ mod tests {
             (jobs(&taken.await), ran.get()),
             (vec![2], 1),
             "once, before lingering"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_room_lets_its_waiter_go_once_a_quarter_of_it_is_free() {
+        use futures::FutureExt;
+
+        let scheduler = Scheduler::<u32>::new(2, 8);
+        let mut taken: Vec<_> = (0..8).map(|_| scheduler.room(1).now_or_never()).collect();
+        assert!(
+            taken.iter().all(|room| matches!(room, Some(Ok(_)))),
+            "8 free"
+        );
+        let waiter = scheduler.room(1);
+        tokio::pin!(waiter);
+        assert!((&mut waiter).now_or_never().is_none(), "the room is full");
+        taken.pop();
+        assert!(
+            (&mut waiter).now_or_never().is_none(),
+            "one unit free is not yet a quarter of 8"
+        );
+        taken.pop();
+        let room = (&mut waiter).now_or_never().expect("a quarter free");
+        assert_eq!(
+            room.expect("room").num_permits(),
+            1,
+            "it takes what it asked for"
+        );
+        assert!(
+            matches!(scheduler.room(1).now_or_never(), Some(Ok(_))),
+            "and leaves the rest for the next call, which does not wait"
         );
     }
 }
