@@ -8,6 +8,7 @@
 //! whatever field the others partition by.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -233,8 +234,7 @@ fn spawn_purger<DB: Backend>(shared: Arc<Shared<DB>>) -> (oneshot::Sender<()>, J
 }
 
 /// Pulls deliveries until the source ends or `shutdown` completes, and queues each handler's job
-/// under its aggregate; a delivery that cannot be handled at all is rejected here. A source error is
-/// logged and counted, and the source is asked again after a growing delay.
+/// under its aggregate; a delivery that cannot be handled at all is rejected here.
 async fn route<DB: Backend, S: Source>(
     shared: &Shared<DB>,
     source: &mut S,
@@ -244,47 +244,9 @@ async fn route<DB: Backend, S: Source>(
     report: &mut RunReport,
 ) -> Result<(), RunError> {
     tokio::pin!(shutdown);
-    let mut source_errors = 0;
-    loop {
-        let next = tokio::select! {
-            biased;
-            () = &mut shutdown => return Ok(()),
-            next = source.next() => next,
-        };
-        let delivery = match next {
-            Ok(Some(delivery)) => delivery,
-            Ok(None) => return Ok(()),
-            Err(error) => {
-                shared.source.failed(&error);
-                source_errors += 1;
-                report.source_errors += 1;
-                let delay = growing_delay(source_errors);
-                tracing::warn!(%error, ?delay, "the source failed; asking it again");
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => return Ok(()),
-                    () = tokio::time::sleep(delay) => shared.source.asking_again(),
-                }
-                continue;
-            }
-        };
-        source_errors = 0;
-        shared.source.delivered();
-        let counted = shared
-            .hand_backs
-            .attempt(delivery.envelope().id(), delivery.attempt());
-        let delivery = delivery.counted_at_least(counted);
-        if let Some(reason) = delivery.unreadable_reason() {
-            let error = Error::Unreadable(reason.to_owned());
-            reject(shared, delivery, error, report).await;
+    while let Some(delivery) = pull(shared, source, shutdown.as_mut(), report).await {
+        let Some((delivery, jobs)) = admit(shared, delivery, report).await else {
             continue;
-        }
-        let jobs = match shared.prepare(delivery.envelope()) {
-            Ok(jobs) => jobs,
-            Err(error) => {
-                reject(shared, delivery, error, report).await;
-                continue;
-            }
         };
         let room = tokio::select! {
             biased;
@@ -297,30 +259,108 @@ async fn route<DB: Backend, S: Source>(
         // No room is ever refused while a worker runs; the last one is gone only if it panicked,
         // and joining it re-raises that panic.
         let Ok(room) = room else { return Ok(()) };
-        in_flight(&shared.consumer).increment(1.0);
-        let pending = Arc::new(Pending::new(delivery, jobs.len(), room));
-        if let Some(keeper) = keeper {
-            let held: Weak<Pending> = Arc::downgrade(&pending);
-            keeper.hold(held);
+        let pending = Pending::new(delivery, jobs.len(), room);
+        queue(shared, scheduler, keeper, pending, jobs);
+    }
+    Ok(())
+}
+
+/// The next delivery, or `None` once the source has ended or `shutdown` has completed. A source
+/// error is logged and counted, and the source is asked again after a growing delay.
+async fn pull<DB: Backend, S: Source>(
+    shared: &Shared<DB>,
+    source: &mut S,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    report: &mut RunReport,
+) -> Option<Delivery> {
+    let mut failures = 0;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = &mut shutdown => return None,
+            next = source.next() => next,
+        };
+        let error = match next {
+            Ok(Some(delivery)) => {
+                shared.source.delivered();
+                return Some(delivery);
+            }
+            Ok(None) => return None,
+            Err(error) => error,
+        };
+        shared.source.failed(&error);
+        failures += 1;
+        report.source_errors += 1;
+        let delay = growing_delay(failures);
+        tracing::warn!(%error, ?delay, "the source failed; asking it again");
+        tokio::select! {
+            biased;
+            () = &mut shutdown => return None,
+            () = tokio::time::sleep(delay) => shared.source.asking_again(),
         }
-        for job in jobs {
-            let serial = match job.aggregate() {
-                Some(aggregate) if job.strict() => Serial::Strict(aggregate.to_owned()),
-                Some(aggregate) => Serial::Aggregate(aggregate.to_owned()),
-                None => Serial::Message(job.message_id().to_owned()),
-            };
-            let key = (job.handler(), serial);
-            let (pending, attempt) = (Arc::clone(&pending), pending.attempt);
-            scheduler.push(
-                key,
-                Work {
-                    job,
-                    pending,
-                    attempt,
-                    tries: attempt,
-                },
-            );
+    }
+}
+
+/// The delivery, counting the tries this run made of it, with a job for each handler of its
+/// type; `None` once a delivery that cannot be handled at all (unreadable, of an unknown type,
+/// undecodable) has been rejected.
+async fn admit<DB: Backend>(
+    shared: &Shared<DB>,
+    delivery: Delivery,
+    report: &mut RunReport,
+) -> Option<(Delivery, Vec<Box<dyn Job<DB>>>)> {
+    let counted = shared
+        .hand_backs
+        .attempt(delivery.envelope().id(), delivery.attempt());
+    let delivery = delivery.counted_at_least(counted);
+    let jobs = match delivery.unreadable_reason() {
+        Some(reason) => Err(Error::Unreadable(reason.to_owned())),
+        None => shared.prepare(delivery.envelope()),
+    };
+    match jobs {
+        Ok(jobs) => Some((delivery, jobs)),
+        Err(error) => {
+            reject(shared, delivery, error, report).await;
+            None
         }
+    }
+}
+
+/// Queues each of `jobs` under its handler and aggregate, sharing `pending`, which `keeper` (if
+/// the source needs one) keeps alive with the broker until it is settled.
+fn queue<DB: Backend>(
+    shared: &Shared<DB>,
+    scheduler: &Scheduler<Work<DB>>,
+    keeper: Option<&Keeper>,
+    pending: Pending,
+    jobs: Vec<Box<dyn Job<DB>>>,
+) {
+    in_flight(&shared.consumer).increment(1.0);
+    let pending = Arc::new(pending);
+    if let Some(keeper) = keeper {
+        let held: Weak<Pending> = Arc::downgrade(&pending);
+        keeper.hold(held);
+    }
+    for job in jobs {
+        let key = (job.handler(), serial(&*job));
+        let (pending, attempt) = (Arc::clone(&pending), pending.attempt);
+        let work = Work {
+            job,
+            pending,
+            attempt,
+            tries: attempt,
+        };
+        scheduler.push(key, work);
+    }
+}
+
+/// What `job` is serialized by: its handler's aggregate (strictly ordered or not), else its
+/// message alone.
+fn serial<DB: Backend>(job: &dyn Job<DB>) -> Serial {
+    match job.aggregate() {
+        Some(aggregate) if job.strict() => Serial::Strict(aggregate.to_owned()),
+        Some(aggregate) => Serial::Aggregate(aggregate.to_owned()),
+        None => Serial::Message(job.message_id().to_owned()),
     }
 }
 
