@@ -498,8 +498,14 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Consumes `source` with the configured number of workers until it ends or `shutdown`
     /// completes. Each delivery is acknowledged after its handlers committed, or handed back for
-    /// redelivery if one failed. Messages of one aggregate go to one worker, in order. On shutdown
-    /// no new delivery is pulled; the ones already pulled are finished and settled.
+    /// redelivery if one failed. Messages of one aggregate are handled one at a time, in order,
+    /// by whichever worker is free. On shutdown no new delivery is pulled; the ones already
+    /// pulled are finished and settled.
+    ///
+    /// Complete `shutdown` rather than drop this future: a run dropped unfinished lets its
+    /// workers finish and settle what they had queued, but a delivery it had pulled and not yet
+    /// queued, and what its source had prefetched, are left to the broker to deliver again once
+    /// its own timeout passes, as after a crash.
     pub async fn run_until<S: Source>(
         &self,
         source: S,

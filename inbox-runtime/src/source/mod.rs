@@ -35,6 +35,11 @@ pub type SourceError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// source that loses its connection reconnects on the next call, or returns errors until it can.
 pub trait Source: Send + 'static {
     /// The next delivery; `Ok(None)` when the source has ended.
+    ///
+    /// The run drops this future unfinished when it shuts down, so it must be cancel-safe: a
+    /// delivery it has taken from the broker is either returned or left for the broker to
+    /// deliver again (a source that must await something after taking one keeps it for the next
+    /// call).
     fn next(&mut self) -> impl Future<Output = Result<Option<Delivery>, SourceError>> + Send;
 
     /// How often the runtime tells the broker that a delivery it holds unsettled is still being
