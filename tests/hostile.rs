@@ -59,6 +59,27 @@ macro_rules! hostile_suite {
             see(ctx, event).await
         }
 
+        /// A type whose own deserialization panics on a count that is not positive.
+        #[derive(Debug, Clone, Serialize, Deserialize, Message)]
+        #[message(name = "hostile.touchy")]
+        struct Touchy {
+            id: String,
+            #[serde(deserialize_with = "positive")]
+            count: i64,
+        }
+
+        fn positive<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+            let count = <i64 as serde::Deserialize>::deserialize(deserializer)?;
+            assert!(count > 0, "the count must be positive");
+            Ok(count)
+        }
+
+        #[inbox_handler(key = "id")]
+        async fn touchy(ctx: &mut Context<'_, $db>, event: Touchy) -> Result<(), HandlerError> {
+            sqlx::query($crate::common::sql::<$db>("INSERT INTO seen (id) VALUES ($1)")).bind(event.id).execute(&mut **ctx).await?;
+            Ok(())
+        }
+
         async fn database(test: &str) -> Option<Pool> {
             let pool = $connect(test).await?;
             sqlx::query($crate::common::sql::<$db>("CREATE TABLE seen (id TEXT NOT NULL)")).execute(&pool).await.unwrap();
@@ -220,6 +241,25 @@ macro_rules! hostile_suite {
             assert_status(&inbox, "strict", "nul-error", "processed").await;
             assert_eq!(seen(&pool).await, ["deep-extra", "deep-extra", "good", "good", "nul-error", "nul-field", "nul-field"]);
             assert!(inbox.parked().await.unwrap().is_empty(), "nothing waits for a predecessor");
+        }
+
+        #[tokio::test]
+        async fn a_payload_whose_deserialization_panics_is_kept_as_rejected_and_the_run_goes_on() {
+            let Some(pool) = database("hostile_panicking_decode").await else { return };
+            let inbox = builder(&pool).handler(touchy).build().await.unwrap();
+            let broker = MemoryBroker::new();
+            let panicking = Envelope::new("hostile.touchy", "d-panics", br#"{"id":"zero","count":0}"#.to_vec());
+            broker.publish(panicking.clone());
+            broker.publish(Envelope::encode("d-fine", &Touchy { id: "one".into(), count: 1 }).unwrap());
+            broker.close();
+
+            let run = tokio::time::timeout(Duration::from_secs(30), inbox.run(broker.source()));
+            let report = run.await.expect("the run ends").expect("the source does not fail");
+
+            assert_eq!((broker.acked(), report.rejected), (2, 1), "{report:?}");
+            let expected = Rejection { envelope: panicking, reason: "its deserialization panicked: the count must be positive".into() };
+            assert_kept(&inbox.rejected().await.unwrap(), &expected);
+            assert_eq!(seen(&pool).await, ["one"]);
         }
     };
 }

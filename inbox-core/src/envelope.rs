@@ -163,12 +163,59 @@ impl Envelope {
     }
 
     /// Decodes the payload as `M`, with an error that names the type and the position of the problem.
+    /// A `Deserialize` implementation of `M` that panics on the payload is an error too.
+    ///
+    /// ```
+    /// use inbox_core::{Envelope, Error, Message};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct Shipped {
+    ///     #[serde(deserialize_with = "positive")]
+    ///     parcels: i64,
+    /// }
+    /// impl Message for Shipped { const TYPE: &'static str = "shipped"; }
+    ///
+    /// fn positive<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    ///     let parcels = <i64 as serde::Deserialize>::deserialize(d)?;
+    ///     assert!(parcels > 0, "no parcels");
+    ///     Ok(parcels)
+    /// }
+    ///
+    /// let envelope = Envelope::new("shipped", "d-1", br#"{"parcels":0}"#.to_vec());
+    /// let error = envelope.decode::<Shipped>().err().unwrap();
+    /// assert!(matches!(error, Error::Decode { .. }));
+    /// assert!(error.to_string().contains("panicked: no parcels"), "{error}");
+    /// ```
     pub fn decode<M: crate::Message>(&self) -> Result<M, crate::Error> {
-        serde_json::from_slice(&self.payload).map_err(|e| crate::Error::Decode {
-            message_type: self.message_type.clone(),
-            reason: e.to_string(),
-        })
+        decode_payload(&self.message_type, &self.payload)
     }
+}
+
+/// Decodes `payload` as `M`, the type tagged `message_type`. A `Deserialize` implementation that
+/// panics (a `deserialize_with` that unwraps, say) makes it an error like any other: the payload
+/// is bad input, to be kept with its bytes and its reason, not the end of the run that read it.
+pub(crate) fn decode_payload<M: serde::de::DeserializeOwned>(
+    message_type: &str,
+    payload: &[u8],
+) -> Result<M, crate::Error> {
+    let reason = match std::panic::catch_unwind(|| serde_json::from_slice::<M>(payload)) {
+        Ok(Ok(message)) => return Ok(message),
+        Ok(Err(error)) => error.to_string(),
+        Err(panic) => format!("its deserialization panicked: {}", panic_text(&*panic)),
+    };
+    Err(crate::Error::Decode {
+        message_type: message_type.to_owned(),
+        reason,
+    })
+}
+
+/// The text a panic was raised with.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-text panic payload")
 }
 
 /// The correlation id in `headers` (see [`Envelope::correlation_id`]). Read for every message

@@ -14,6 +14,7 @@ use sqlx::{Pool, Transaction};
 
 use crate::connection::Connect;
 use crate::context::Context;
+use crate::envelope::{decode_payload, panic_text};
 use crate::error::{Error, HandlerError};
 use crate::handler::Handler;
 use crate::identity::Identity;
@@ -760,12 +761,7 @@ async fn blame<DB: Backend>(tx: &mut Transaction<'_, DB>, error: HandlerError) -
 
 /// What a handler's panic said, as an error message.
 fn panic_message(panic: &(dyn Any + Send)) -> String {
-    let text = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a non-text panic payload");
-    format!("handler panicked: {text}")
+    format!("handler panicked: {}", panic_text(panic))
 }
 
 /// The least time a delivery that came before its message's retry was due is handed back for.
@@ -1285,14 +1281,9 @@ fn decode_stored<DB: Backend, H: Handler<DB>>(
     payload: &[u8],
     headers: Option<&str>,
 ) -> Result<(H::Message, Headers, Identity), Error> {
-    let decode_error = |reason: String| Error::Decode {
-        message_type: H::Message::TYPE.to_owned(),
-        reason,
-    };
-    let message: H::Message =
-        serde_json::from_slice(payload).map_err(|e| decode_error(e.to_string()))?;
+    let message: H::Message = decode_payload(H::Message::TYPE, payload)?;
     let headers: Headers = match headers {
-        Some(headers) => serde_json::from_str(headers).map_err(|e| decode_error(e.to_string()))?,
+        Some(headers) => decode_payload(H::Message::TYPE, headers.as_bytes())?,
         None => Headers::new(),
     };
     let identity = handler.identity(&message)?;
