@@ -58,9 +58,6 @@ struct Work<DB: Backend> {
     tries: u32,
 }
 
-/// A job a worker ran: its result, its hold on its key in the scheduler, and what it was.
-type Ran<'s, DB> = (Result<Handled, Error>, Busy<'s, Work<DB>>, Tried);
-
 /// A job handed to a batch: its handler's name, its delivery, its attempt and tries.
 struct Tried {
     handler: &'static str,
@@ -529,26 +526,27 @@ async fn handle_all<DB: Backend>(
             )
             .await;
         drop(turn);
-        let outcomes = results.into_iter().zip(busy).zip(tried);
-        let outcomes = outcomes.map(|((result, busy), tried)| (result, busy, tried));
-        conclude(&shared, &scheduler, outcomes.collect(), &mut report).await;
+        conclude(&shared, &scheduler, results, busy, tried, &mut report).await;
     }
     report
 }
 
-/// What a worker does with the results of the jobs it ran: a job that failed before anything of
-/// it was recorded goes back to the scheduler, to be tried again after a delay; each other job
-/// is finished, and the last job of a delivery to finish settles it with the broker. The jobs are
+/// What a worker does with the jobs it ran (each job's result, its hold on its key in the
+/// scheduler, and what it was, in the same order): a job that failed before anything of it was
+/// recorded goes back to the scheduler, to be tried again after a delay; each other job is
+/// finished, and the last job of a delivery to finish settles it with the broker. The jobs are
 /// all put back or finished before any delivery is settled, so the scheduler frees their keys
 /// without waiting for the broker.
 async fn conclude<DB: Backend>(
     shared: &Shared<DB>,
     scheduler: &Arc<Scheduler<Work<DB>>>,
-    outcomes: Vec<Ran<'_, DB>>,
+    results: Vec<Result<Handled, Error>>,
+    busy: Vec<Busy<'_, Work<DB>>>,
+    tried: Vec<Tried>,
     report: &mut RunReport,
 ) {
-    let mut finished = Vec::with_capacity(outcomes.len());
-    for (result, busy, tried) in outcomes {
+    let mut finished = Vec::with_capacity(results.len());
+    for ((result, busy), tried) in results.into_iter().zip(busy).zip(tried) {
         if let Some(done) = put_back_unhandled(shared, scheduler, busy, result, tried) {
             finished.push(done);
         }
