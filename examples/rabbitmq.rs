@@ -8,19 +8,17 @@
 mod ledger;
 
 use std::error::Error;
-use std::sync::Arc;
 
-use inbox::amqp::lapin::Connection;
 use inbox::amqp::lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use inbox::amqp::lapin::types::FieldTable;
-use inbox::amqp::{AmqpPublisher, AmqpSource, recovering};
+use inbox::amqp::{AmqpConnection, AmqpPublisher, AmqpSource};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let url = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-    let connection = Arc::new(Connection::connect(&url, recovering()).await?);
-    let channel = connection.create_channel().await?;
+    let connection = AmqpConnection::connect(&url).await?;
+    let channel = connection.current().await?.create_channel().await?;
     let queue = format!("payments-{}", std::process::id());
     let options = QueueDeclareOptions::default();
     channel

@@ -19,13 +19,14 @@
 //!   or more where the run handed it back more often itself (it counts its own hand-backs), so
 //!   that the delays of a delivery the database cannot take grow on classic queues too.
 //! - **Backpressure**: `basic.qos` prefetch ([`AmqpSourceBuilder::prefetch`], 64 by default).
-//! - **Reconnect**: on a connection made with [`recovering`] properties (lapin's recovery, trying
-//!   again at most every 2 s for as long as the server is away) the consumer resumes after the
-//!   connection comes back; errors meanwhile go to the run, which asks again after a growing delay.
-//!   What was unacknowledged when the connection dropped is requeued by the broker. A consumer
-//!   the server cancelled (its queue deleted) or whose channel it closed while the connection
-//!   stayed up (lapin reopens channels only with a lost connection) is started again on a new
-//!   channel, each time the run asks, until the queue takes it.
+//! - **Reconnect**: the source and the publisher share an [`AmqpConnection`], which dials the
+//!   server again when the connection is lost (lapin's own recovery stays off: its I/O loop can
+//!   wait for ever after a reset socket). While the server is away, each call to the source
+//!   fails at once and the run asks again after a growing delay; once it is back, the source
+//!   consumes again on a new channel. What was unacknowledged when the connection dropped is
+//!   requeued by the broker. A consumer the server cancelled (its queue deleted) or whose channel
+//!   it closed while the connection stayed up is started again on a new channel, each time the
+//!   run asks, until the queue takes it.
 //! - **Mapping**: type tag and id from the [`HeaderNames`] headers, else the `type` and
 //!   `message_id` properties; `produced_at` from the `timestamp` property (none for a timestamp
 //!   past what the clock can hold); the `correlation_id` property as the `correlation-id` header
@@ -53,60 +54,27 @@ use tokio::sync::Mutex;
 
 use super::{Acknowledge, Delivery, HeaderNames, Sink, SinkError, Source, SourceError};
 
-/// The client this module speaks through, for its [`Connection`].
+mod connection;
+
+pub use connection::AmqpConnection;
+
+/// The client this module speaks through, for its options, properties and field tables.
 pub use lapin;
 
-/// The longest wait between two attempts to reach the server again, in [`recovering`].
-const RECONNECT_AT_MOST_EVERY: Duration = Duration::from_secs(2);
-
-/// Connection properties for a consumer that outlives the server's restarts: lapin's recovery
-/// (the connection, its channels, consumers and confirms come back with the server), trying to
-/// reach the server again after 100 ms, then at most every 2 s, for as long as it is away.
-///
-/// `enable_auto_recover()` alone waits twice as long after each failed attempt, up to a minute
-/// (a server back after 40 s may be seen only after a minute more), and gives up after 16
-/// attempts: the connection is then closed for good, and a run on it reports errors until it is
-/// stopped.
-///
-/// Since this waits for the server as long as it takes, a first `Connection::connect` to a server
-/// that is not there (or to a wrong address) waits too, instead of failing.
+/// A RabbitMQ queue, consumed with manual acks on a channel of its own. It shares an
+/// [`AmqpConnection`] (as [`AmqpPublisher`] does), to consume again on a new channel when the
+/// server closed its own or the connection was lost.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), inbox::SourceError> {
-/// use inbox::amqp::{AmqpSource, lapin};
+/// use inbox::amqp::{AmqpConnection, AmqpSource};
 ///
-/// let url = "amqp://127.0.0.1:5672/%2f";
-/// let connection = std::sync::Arc::new(lapin::Connection::connect(url, inbox::amqp::recovering()).await?);
-/// let source = AmqpSource::builder(&connection, "billing").build().await?;
-/// # Ok(()) }
-/// ```
-pub fn recovering() -> lapin::ConnectionProperties {
-    lapin::ConnectionProperties::default()
-        .configure_backoff(|backoff| {
-            backoff
-                .with_min_delay(Duration::from_millis(100))
-                .with_max_delay(RECONNECT_AT_MOST_EVERY)
-                .without_max_times()
-        })
-        .enable_auto_recover()
-}
-
-/// A RabbitMQ queue, consumed with manual acks on a channel of its own. It shares the
-/// connection (an `Arc`, as [`AmqpPublisher`] does), to open a new channel when the server
-/// closed its own.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), inbox::SourceError> {
-/// use std::sync::Arc;
-/// use inbox::amqp::{AmqpSource, lapin};
-///
-/// let url = "amqp://127.0.0.1:5672/%2f";
-/// let connection = Arc::new(lapin::Connection::connect(url, inbox::amqp::recovering()).await?);
+/// let connection = AmqpConnection::connect("amqp://127.0.0.1:5672/%2f").await?;
 /// let source = AmqpSource::builder(&connection, "billing").prefetch(64).build().await?;
 /// # Ok(()) }
 /// ```
 pub struct AmqpSource {
-    connection: Arc<Connection>,
+    connection: Arc<AmqpConnection>,
     consume: Consume,
     channel: Channel,
     consumer: Consumer,
@@ -126,14 +94,14 @@ struct Consume {
 
 /// Builds an [`AmqpSource`] on a queue that exists (its topology is the application's).
 pub struct AmqpSourceBuilder {
-    connection: Arc<Connection>,
+    connection: Arc<AmqpConnection>,
     consume: Consume,
     headers: HeaderNames,
 }
 
 impl AmqpSource {
     /// A source on `queue`, over `connection`.
-    pub fn builder(connection: &Arc<Connection>, queue: &str) -> AmqpSourceBuilder {
+    pub fn builder(connection: &Arc<AmqpConnection>, queue: &str) -> AmqpSourceBuilder {
         let consume = Consume {
             queue: queue.to_owned(),
             consumer_tag: String::new(),
@@ -148,26 +116,22 @@ impl AmqpSource {
         }
     }
 
-    /// Starts consuming on a new channel, when the server cancelled the consumer or closed its
-    /// channel for good while the connection is up (while it is down, lapin's recovery brings
-    /// the channel back with the connection). The old channel is closed, if it is still open.
-    /// While the consumer is stopped and the connection down, says so: a stopped consumer yields
-    /// nothing ever again, so waiting on it would silence the source for good (a connection
-    /// without recovery never comes back; one with it brings back no consumer the server
-    /// cancelled).
+    /// Starts consuming on a new channel, when the server cancelled the consumer or its channel
+    /// is closed for good (the server closed it, or the connection was lost, in which case the
+    /// connection is dialled again first). The old channel is closed, if it is still open. While
+    /// the server cannot be reached, says so: a stopped consumer yields nothing ever again, so
+    /// waiting on it would silence the source for good.
     async fn consume_again(&mut self) -> Result<(), SourceError> {
         let stopped = self.cancelled || closed_for_good(self.channel.status());
         if !stopped {
             return Ok(());
         }
-        if !self.connection.status().connected() {
-            return Err("the RabbitMQ connection is down; consuming again once it is back".into());
-        }
-        tracing::info!(queue = %self.consume.queue, "the server stopped the consumer; consuming again on a new channel");
+        let connection = self.connection.current().await?;
+        tracing::info!(queue = %self.consume.queue, "the consumer stopped; consuming again on a new channel");
         if self.channel.status().connected() {
             let _ = self.channel.close(200, "consuming again".into()).await;
         }
-        let (channel, consumer) = self.consume.start(&self.connection).await?;
+        let (channel, consumer) = self.consume.start(&connection).await?;
         (self.channel, self.consumer, self.cancelled) = (channel, consumer, false);
         Ok(())
     }
@@ -223,7 +187,8 @@ impl AmqpSourceBuilder {
 
     /// Opens the source's channel and starts consuming.
     pub async fn build(self) -> Result<AmqpSource, SourceError> {
-        let (channel, consumer) = self.consume.start(&self.connection).await?;
+        let connection = self.connection.current().await?;
+        let (channel, consumer) = self.consume.start(&connection).await?;
         Ok(AmqpSource {
             connection: self.connection,
             consume: self.consume,
@@ -396,25 +361,23 @@ impl Acknowledge for AmqpAcker {
 /// persistent messages carrying the type tag and id in headers and in the `type` and `message_id`
 /// properties.
 ///
-/// The publisher shares the connection (an [`Arc`]) so that it can open its channel again when the
-/// server closes it: RabbitMQ closes a channel over a publication it refuses (to an exchange that
-/// is not there, past `max_message_size`), and lapin reopens channels only after a lost
-/// connection. The publication that met the closed channel fails as unavailable (the relay tries
-/// it again later); the next one goes out on a new channel.
+/// The publisher shares an [`AmqpConnection`] so that it can open its channel again when the
+/// server closes it, or when the connection was lost (dialling the server again first): RabbitMQ
+/// closes a channel over a publication it refuses (to an exchange that is not there, past
+/// `max_message_size`). The publication that met the closed channel fails as unavailable (the
+/// relay tries it again later); the next one goes out on a new channel.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), inbox::SourceError> {
-/// use std::sync::Arc;
-/// use inbox::amqp::{AmqpPublisher, AmqpSource, lapin};
+/// use inbox::amqp::{AmqpConnection, AmqpPublisher, AmqpSource};
 ///
-/// let url = "amqp://127.0.0.1:5672/%2f";
-/// let connection = Arc::new(lapin::Connection::connect(url, inbox::amqp::recovering()).await?);
+/// let connection = AmqpConnection::connect("amqp://127.0.0.1:5672/%2f").await?;
 /// let publisher = AmqpPublisher::new(connection.clone(), "").await?;
 /// let source = AmqpSource::builder(&connection, "billing").build().await?;
 /// # Ok(()) }
 /// ```
 pub struct AmqpPublisher {
-    connection: Arc<Connection>,
+    connection: Arc<AmqpConnection>,
     channel: Mutex<Channel>,
     exchange: String,
     headers: HeaderNames,
@@ -423,8 +386,8 @@ pub struct AmqpPublisher {
 impl AmqpPublisher {
     /// A publisher to `exchange` (`""`: the default exchange, where the routing key names the
     /// queue), on a channel of its own in confirm mode.
-    pub async fn new(connection: Arc<Connection>, exchange: &str) -> Result<Self, SourceError> {
-        let channel = confirming_channel(&connection).await?;
+    pub async fn new(connection: Arc<AmqpConnection>, exchange: &str) -> Result<Self, SourceError> {
+        let channel = confirming_channel(&*connection.current().await?).await?;
         Ok(Self {
             connection,
             channel: Mutex::new(channel),
@@ -433,14 +396,15 @@ impl AmqpPublisher {
         })
     }
 
-    /// The channel to publish on: the one the publisher has, or a new one in its place when the
-    /// server closed it while the connection stayed up (a channel of a connection being recovered
-    /// comes back with it).
+    /// The channel to publish on: the one the publisher has, or a new one in its place when it is
+    /// closed for good (by the server, or with a lost connection, dialled again first).
     async fn channel(&self) -> Result<Channel, SinkError> {
         let mut channel = self.channel.lock().await;
-        if closed_for_good(channel.status()) && self.connection.status().connected() {
-            tracing::info!("the server closed the publisher's channel; opening another");
-            *channel = confirming_channel(&self.connection)
+        if closed_for_good(channel.status()) {
+            tracing::info!("the publisher's channel is closed; opening another");
+            let connection = self.connection.current().await;
+            let connection = connection.map_err(SinkError::unavailable)?;
+            *channel = confirming_channel(&connection)
                 .await
                 .map_err(SinkError::unavailable)?;
         }
@@ -485,9 +449,9 @@ async fn confirming_channel(connection: &Connection) -> Result<Channel, lapin::E
 }
 
 /// Whether a channel is closed and will not come back by itself: neither open, nor opening, nor
-/// waiting for its connection's recovery.
+/// closing.
 fn closed_for_good(status: &ChannelStatus) -> bool {
-    !(status.connected() || status.initializing() || status.closing() || status.reconnecting())
+    !(status.connected() || status.initializing() || status.closing())
 }
 
 /// `value` as an AMQP short string, or, past the 255 bytes one holds, a refusal saying `what`
