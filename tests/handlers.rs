@@ -300,6 +300,34 @@ macro_rules! handlers_suite {
             assert!(application.is_err(), "and not in the application's `_sqlx_migrations`");
         }
 
+        /// A dedup table applied by hand without its primary key would take a second row for a
+        /// message it has (or refuse every claim, where `ON CONFLICT` names the key): the build
+        /// says which table lacks which key.
+        #[tokio::test]
+        async fn building_on_a_dedup_table_without_its_key_says_which() {
+            let Some(pool) = $connect("keyless").await else { return };
+            for statement in [
+                "ALTER TABLE inbox_messages RENAME TO inbox_messages_keyed",
+                "CREATE TABLE inbox_messages AS SELECT * FROM inbox_messages_keyed WHERE 1 = 0",
+            ] {
+                sqlx::query(statement).execute(&pool).await.unwrap();
+            }
+
+            let error = builder(&pool)
+                .handler(count_tenant_event)
+                .build()
+                .await
+                .err()
+                .expect("refused");
+
+            assert!(matches!(error, inbox::BuildError::Schema(_)), "{error}");
+            let message = error.to_string();
+            assert!(
+                message.contains("`inbox_messages` has no unique key on (consumer, handler, message_id)"),
+                "{message}"
+            );
+        }
+
         #[tokio::test]
         async fn printed_schema_is_enough_to_run() {
             let Some(pool) = $unmigrated("own_ddl").await else { return };

@@ -4,6 +4,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use inbox_core::Backend;
+use inbox_core::storage::schema::SchemaError;
 use sqlx::pool::PoolOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgPool, Pool, SqlitePool};
@@ -153,9 +154,14 @@ async fn open<DB: sqlx::Database>(
 }
 
 /// Fails with [`CliError::SchemaMissing`] (exit 3) if the inbox tables are missing or older
-/// than this command, and with a plain database error if the database could not answer.
+/// than this command, with [`CliError::SchemaIncomplete`] (exit 3) if they lack a unique key
+/// the inbox relies on, and with a plain database error if the database could not answer.
 pub async fn check_schema<DB: Backend>(pool: &Pool<DB>) -> Result<(), CliError> {
-    Ok(inbox_core::storage::schema::check(pool).await?)
+    match inbox_core::storage::schema::check(pool).await {
+        Ok(()) => Ok(()),
+        Err(SchemaError::Database(error)) => Err(error.into()),
+        Err(incomplete) => Err(CliError::SchemaIncomplete(incomplete.to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -73,6 +73,10 @@ pub enum CliError {
     #[error("the inbox schema is missing or out of date in this database: run `inbox migrate`")]
     SchemaMissing(#[source] sqlx::Error),
 
+    /// The inbox tables lack a unique key the inbox relies on.
+    #[error("the inbox schema in this database is incomplete: {0}")]
+    SchemaIncomplete(String),
+
     /// The schema could not be applied.
     #[error("could not apply the inbox schema: {}", migration(.0))]
     Migrate(#[source] sqlx::migrate::MigrateError),
@@ -221,7 +225,7 @@ impl CliError {
             }
             #[cfg(not(feature = "mysql"))]
             Self::MySqlNotBuilt => exit::USAGE,
-            Self::SchemaMissing(_) => exit::SCHEMA_MISSING,
+            Self::SchemaMissing(_) | Self::SchemaIncomplete(_) => exit::SCHEMA_MISSING,
             Self::Migrate(_) => exit::FAILED,
             Self::SeveralConsumers { .. } | Self::WindowNeeded => exit::USAGE,
             Self::NoSuchMessage { .. }

@@ -691,6 +691,22 @@ macro_rules! cli_suite {
             let probe = sqlx::query(crate::common::sql::<$db>("SELECT COUNT(*) FROM inbox_messages")).execute(&pool).await;
             assert!(probe.is_err(), "no command but migrate creates the tables");
         }
+
+        #[tokio::test]
+        async fn a_stream_table_without_its_key_is_refused_with_the_key_it_lacks() {
+            let Some(url) = $url("cli_keyless").await else { return };
+            let pool = $connect(&url).await;
+            cli(&url, &["migrate"]).ok();
+            for statement in [
+                "ALTER TABLE inbox_streams RENAME TO inbox_streams_keyed",
+                "CREATE TABLE inbox_streams AS SELECT * FROM inbox_streams_keyed WHERE 1 = 0",
+            ] {
+                sqlx::query(statement).execute(&pool).await.unwrap();
+            }
+
+            let key = "`inbox_streams` has no unique key on (consumer, handler, aggregate_id)";
+            cli(&url, &["status"]).failed(3, &[key]);
+        }
     };
 }
 

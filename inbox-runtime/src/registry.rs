@@ -79,9 +79,11 @@ pub enum BuildError {
         chars: usize,
     },
 
-    /// The inbox tables are missing or unreachable.
-    #[error("the inbox schema is missing or unreachable ({0}); run `inbox::migrate(&pool)` first")]
-    Schema(#[source] sqlx::Error),
+    /// The inbox tables are missing, incomplete or unreachable.
+    #[error(
+        "the inbox schema is missing, incomplete or unreachable ({0}); run `inbox::migrate(&pool)` first"
+    )]
+    Schema(#[source] inbox_core::storage::schema::SchemaError),
 }
 
 /// Message type tag → the handlers of that type, in registration order.

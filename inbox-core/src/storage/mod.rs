@@ -170,6 +170,9 @@ pub struct Statements {
     pub records: operators::RecordSql,
     /// The schema check.
     pub check_schema: &'static str,
+    /// The unique indexes of a table (`$1`), a row per index and column: the index's name, then
+    /// the column's ([`schema::check`]).
+    pub unique_keys: &'static str,
 }
 
 /// The statements on dedup rows.

@@ -409,6 +409,9 @@ const SQL: Statements = Statements {
     },
     records: RECORDS,
     check_schema: schema::CHECK_SCHEMA,
+    unique_keys: "SELECT CAST(index_name AS CHAR), CAST(column_name AS CHAR) \
+        FROM information_schema.statistics \
+        WHERE table_schema = DATABASE() AND table_name = ? AND non_unique = 0",
 };
 
 /// MySQL's statements on what is kept for operators.

@@ -564,6 +564,10 @@ pub(super) const SQL: Statements = Statements {
     },
     records: RECORDS,
     check_schema: schema::CHECK_SCHEMA,
+    // Whole-table unique indexes only: a partial one keeps no row per key.
+    unique_keys: "SELECT i.indexrelid::regclass::text, a.attname::text FROM pg_index i \
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+        WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL",
 };
 
 /// PostgreSQL's statements on what is kept for operators.

@@ -166,6 +166,12 @@ impl FromColumns for (String, i64) {
     }
 }
 
+impl FromColumns for (String, String) {
+    fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
+        Ok((row.text(0)?, row.text(1)?))
+    }
+}
+
 impl FromColumns for (Option<i64>, i64) {
     fn from_columns(row: &impl Columns) -> Result<Self, sqlx::Error> {
         Ok((row.maybe_int(0)?, row.int(1)?))

@@ -182,6 +182,9 @@ const SQL: Statements = Statements {
         ..postgres::SQL.outbox
     },
     records: RECORDS,
+    // Whole-table unique indexes only, the primary key's among them.
+    unique_keys: "SELECT l.name, i.name FROM pragma_index_list($1) AS l, pragma_index_info(l.name) AS i \
+        WHERE l.\"unique\" = 1 AND l.partial = 0",
     ..postgres::SQL
 };
 
