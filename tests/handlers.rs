@@ -320,7 +320,7 @@ macro_rules! handlers_suite {
                 .err()
                 .expect("refused");
 
-            assert!(matches!(error, inbox::BuildError::Schema(_)), "{error}");
+            assert!(matches!(error, inbox::BuildError::IncompleteSchema(_)), "{error}");
             let message = error.to_string();
             assert!(
                 message.contains("`inbox_messages` has no unique key on (consumer, handler, message_id)"),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
+use inbox_core::storage::schema::{self, SchemaError};
 use inbox_core::{Backend, DEFAULT_CONSUMER, Handler, IntoHandler, Retention, RetryPolicy};
 use sqlx::Pool;
 
@@ -174,9 +175,12 @@ impl<DB: Backend> Settings<DB> {
         }
         let registry = Registry::new(self.routes)?;
         self.retry.check(&registry)?;
-        inbox_core::storage::schema::check(&self.pool)
+        schema::check(&self.pool)
             .await
-            .map_err(BuildError::Schema)?;
+            .map_err(|error| match error {
+                SchemaError::Database(error) => BuildError::Schema(error),
+                incomplete => BuildError::IncompleteSchema(incomplete),
+            })?;
         let batch = self.batch.unwrap_or(Batch::new(1));
         Ok(Inbox::new(Shared {
             writer: (DB::ONE_WRITER && batch.size() > 1)

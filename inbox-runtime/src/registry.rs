@@ -79,11 +79,13 @@ pub enum BuildError {
         chars: usize,
     },
 
-    /// The inbox tables are missing, incomplete or unreachable.
-    #[error(
-        "the inbox schema is missing, incomplete or unreachable ({0}); run `inbox::migrate(&pool)` first"
-    )]
-    Schema(#[source] inbox_core::storage::schema::SchemaError),
+    /// The inbox tables are missing or unreachable.
+    #[error("the inbox schema is missing or unreachable ({0}); run `inbox::migrate(&pool)` first")]
+    Schema(#[source] sqlx::Error),
+
+    /// A table of the inbox lacks a unique key the inbox relies on (a schema applied by hand).
+    #[error("the inbox schema is incomplete: {0}")]
+    IncompleteSchema(#[source] inbox_core::storage::schema::SchemaError),
 }
 
 /// Message type tag → the handlers of that type, in registration order.

@@ -409,7 +409,10 @@ const SQL: Statements = Statements {
     },
     records: RECORDS,
     check_schema: schema::CHECK_SCHEMA,
-    unique_keys: "SELECT CAST(index_name AS CHAR), CAST(column_name AS CHAR) \
+    // A key on a prefix of a column (`sub_part`) takes two ids that share the prefix for one,
+    // and an expression (no column name) matches no key: neither is the inbox's key.
+    unique_keys: "SELECT CAST(index_name AS CHAR), \
+        CAST(CASE WHEN sub_part IS NULL THEN COALESCE(column_name, '') ELSE '' END AS CHAR) \
         FROM information_schema.statistics \
         WHERE table_schema = DATABASE() AND table_name = ? AND non_unique = 0",
 };

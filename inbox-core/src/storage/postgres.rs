@@ -564,10 +564,13 @@ pub(super) const SQL: Statements = Statements {
     },
     records: RECORDS,
     check_schema: schema::CHECK_SCHEMA,
-    // Whole-table unique indexes only: a partial one keeps no row per key.
+    // The indexes `ON CONFLICT` can use: unique, valid, checked at once, on whole columns of
+    // every row (not partial, no expression); their key columns only, not the `INCLUDE`d ones.
     unique_keys: "SELECT i.indexrelid::regclass::text, a.attname::text FROM pg_index i \
-        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
-        WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indpred IS NULL",
+        JOIN pg_attribute a ON a.attrelid = i.indrelid \
+        AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1]) \
+        WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid \
+        AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL",
 };
 
 /// PostgreSQL's statements on what is kept for operators.

@@ -55,7 +55,7 @@ pub enum SchemaError {
     /// A table lacks a unique key the inbox relies on (a schema applied by hand, without it).
     #[error(
         "table `{table}` has no unique key on ({columns}), which the inbox relies on to keep one \
-         row per key; apply the inbox migrations, or add the key"
+         row per key; add it: `CREATE UNIQUE INDEX {table}_key ON {table} ({columns})`"
     )]
     MissingKey {
         /// The table.

@@ -182,8 +182,10 @@ const SQL: Statements = Statements {
         ..postgres::SQL.outbox
     },
     records: RECORDS,
-    // Whole-table unique indexes only, the primary key's among them.
-    unique_keys: "SELECT l.name, i.name FROM pragma_index_list($1) AS l, pragma_index_info(l.name) AS i \
+    // Whole-table unique indexes only, the primary key's among them (an expression has no
+    // column name: it matches no key).
+    unique_keys: "SELECT l.name, COALESCE(i.name, '') \
+        FROM pragma_index_list($1) AS l, pragma_index_info(l.name) AS i \
         WHERE l.\"unique\" = 1 AND l.partial = 0",
     ..postgres::SQL
 };
