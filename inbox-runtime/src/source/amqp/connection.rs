@@ -18,8 +18,8 @@ const DIAL_AT_MOST: Duration = Duration::from_secs(10);
 /// When the server goes away (a restart, a crash, a cut network), lapin's connection fails, and
 /// its channels with it. The next call that needs the connection (a source asked for a delivery,
 /// a publisher publishing) dials the server again, once for everyone sharing it. While the server
-/// is away, each such call fails at once, and the run or the relay asks again after a growing
-/// delay. Once it is back, the source consumes again on a new channel and the publisher publishes
+/// is away, each such call fails (at once where the server refuses the connection, within 10 s
+/// where nothing answers), and the run or the relay asks again after a growing delay. Once it is back, the source consumes again on a new channel and the publisher publishes
 /// on one; what was unacknowledged on the lost connection, the broker delivers again (the inbox
 /// drops the copies of what it had committed).
 ///
