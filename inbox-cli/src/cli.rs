@@ -13,7 +13,8 @@ Exit codes:
   1  the operation failed (database error, unreachable database)
   2  usage error (bad arguments or duration, missing or unsupported database URL, several
      consumers hold what the command names: pass --consumer)
-  3  the inbox schema is missing: run `inbox migrate`
+  3  the inbox schema is missing (run `inbox migrate`) or lacks a unique key (the message names
+     it, and the statement that adds it)
   4  not found (no such message, not dead, no gap to skip, not a failed outbox message)
   5  aborted at the confirmation prompt
   6  busy: another instance is purging, nothing was deleted (try again later)";

@@ -9,7 +9,8 @@ pub mod exit {
     /// The command line is wrong: clap's own usage errors, an unsupported or missing database
     /// URL, a command that needs `--consumer` to say which consumer it means.
     pub const USAGE: u8 = 2;
-    /// The database has no inbox schema (or an old one): run `inbox migrate`.
+    /// The database has no inbox schema (or an old one): run `inbox migrate`; or its tables lack
+    /// a unique key the inbox relies on (the error names it).
     pub const SCHEMA_MISSING: u8 = 3;
     /// The message or stream named on the command line does not exist, or is not dead (or, in
     /// the outbox, not failed).

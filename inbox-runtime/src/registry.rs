@@ -85,7 +85,7 @@ pub enum BuildError {
 
     /// A table of the inbox lacks a unique key the inbox relies on (a schema applied by hand).
     #[error("the inbox schema is incomplete: {0}")]
-    IncompleteSchema(#[source] inbox_core::storage::schema::SchemaError),
+    IncompleteSchema(inbox_core::storage::schema::SchemaError),
 }
 
 /// Message type tag → the handlers of that type, in registration order.

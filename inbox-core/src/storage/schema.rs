@@ -116,7 +116,10 @@ mod tests {
         let more = indexed(&[("wide", "consumer"), ("wide", "handler"), ("wide", "id")]);
         let split = indexed(&[("a", "consumer"), ("b", "handler")]);
 
-        for rows in [fewer, more, split] {
+        // A prefix or an expression comes as an empty column name.
+        let prefixed = indexed(&[("by_prefix", "consumer"), ("by_prefix", "")]);
+
+        for rows in [fewer, more, split, prefixed] {
             assert!(!is_keyed_on(&rows, &["consumer", "handler"]), "{rows:?}");
         }
     }

@@ -19,9 +19,10 @@ const DIAL_AT_MOST: Duration = Duration::from_secs(10);
 /// its channels with it. The next call that needs the connection (a source asked for a delivery,
 /// a publisher publishing) dials the server again, once for everyone sharing it. While the server
 /// is away, each such call fails (at once where the server refuses the connection, within 10 s
-/// where nothing answers), and the run or the relay asks again after a growing delay. Once it is back, the source consumes again on a new channel and the publisher publishes
-/// on one; what was unacknowledged on the lost connection, the broker delivers again (the inbox
-/// drops the copies of what it had committed).
+/// where nothing answers), and the run or the relay asks again after a growing delay. Once it is
+/// back, the source consumes again on a new channel and the publisher publishes on one; what was
+/// unacknowledged on the lost connection, the broker delivers again (the inbox drops the copies
+/// of what it had committed).
 ///
 /// lapin's own recovery (`ConnectionProperties::enable_auto_recover`) is left off, and should stay
 /// off in the properties given to [`connect_with`](Self::connect_with): when the socket is reset
